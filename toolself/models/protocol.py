@@ -1,0 +1,107 @@
+"""The text tool-call protocol (Qwen / Hermes): for models and servers without native tool calls.
+
+Tools are described in the system message inside `<tools>` tags; the model answers with
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks; results come back in a user
+turn inside `<tool_response>` tags. Qwen3 `<think>` blocks are split off into
+`Message.reasoning` and never sent back.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from toolself.models.base import Message, ToolCall
+
+TOOLS_PREAMBLE = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+)
+TOOLS_POSTAMBLE = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+
+_THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+
+
+def tools_system_text(tools: list[dict[str, Any]]) -> str:
+    body = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return TOOLS_PREAMBLE + body + TOOLS_POSTAMBLE
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:12]
+
+
+def to_text_messages(messages: list[Message], tools: list[dict[str, Any]] | None) -> list[dict[str, str]]:
+    """Flatten typed messages into plain role/content turns a template without tool support
+    can render. Consecutive tool results share one user turn, as in Qwen's template."""
+    out: list[dict[str, str]] = []
+    tool_text = tools_system_text(tools) if tools else ""
+    for i, m in enumerate(messages):
+        if m.role == "system":
+            content = m.content + ("\n\n" + tool_text if tool_text and i == 0 else "")
+            out.append({"role": "system", "content": content})
+        elif m.role == "assistant":
+            parts = [m.content] if m.content else []
+            for c in m.tool_calls:
+                args = c.arguments if c.arguments is not None else c.raw_arguments
+                parts.append("<tool_call>\n" + json.dumps({"name": c.name, "arguments": args}, ensure_ascii=False)
+                             + "\n</tool_call>")
+            out.append({"role": "assistant", "content": "\n".join(parts)})
+        elif m.role == "tool":
+            block = f"<tool_response>\n{m.content}\n</tool_response>"
+            if out and out[-1]["role"] == "user" and out[-1]["content"].startswith("<tool_response>"):
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block})
+        else:
+            out.append({"role": m.role, "content": m.content})
+    if tool_text and (not messages or messages[0].role != "system"):
+        out.insert(0, {"role": "system", "content": tool_text})
+    return out
+
+
+def split_reasoning(text: str) -> tuple[str, str | None]:
+    """Remove `<think>` blocks; return (rest, reasoning)."""
+    thoughts = [m.strip() for m in _THINK.findall(text)]
+    if not thoughts and "</think>" in text:  # template opened the block in the prompt
+        head, _, text = text.partition("</think>")
+        thoughts = [head.strip()]
+    rest = _THINK.sub("", text).strip()
+    return rest, ("\n".join(thoughts) if thoughts else None)
+
+
+def parse_tool_calls_text(text: str) -> Message:
+    """Parse an assistant reply written in the text protocol.
+
+    A block that is not valid JSON still becomes a `ToolCall` carrying the error, so the agent
+    can tell the model exactly what was wrong with its call.
+    """
+    content, reasoning = split_reasoning(text)
+    calls: list[ToolCall] = []
+    for raw in _TOOL_CALL.findall(content):
+        raw = raw.strip()
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            calls.append(ToolCall(name="", arguments=None, id=new_call_id(), raw_arguments=raw,
+                                  error=f"the tool call is not valid JSON: {exc.msg}"))
+            continue
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            calls.append(ToolCall(name="", arguments=None, id=new_call_id(), raw_arguments=raw,
+                                  error='a tool call must be {"name": <tool name>, "arguments": {...}}'))
+            continue
+        args = obj.get("arguments", obj.get("parameters", {}))
+        if isinstance(args, str):
+            calls.append(ToolCall.from_raw(obj["name"], args, id=new_call_id()))
+        else:
+            call = ToolCall.from_raw(obj["name"], json.dumps(args), id=new_call_id())
+            calls.append(call)
+    visible = _TOOL_CALL.sub("", content).strip()
+    return Message(role="assistant", content=visible, tool_calls=calls, reasoning=reasoning)
