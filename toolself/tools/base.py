@@ -12,7 +12,6 @@ import inspect
 import re
 import shutil
 import tempfile
-import textwrap
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,11 +66,11 @@ _ARG_LINE = re.compile(r"^\s{0,8}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
 
 def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     """Split a Google-style docstring into the description and per-argument help."""
-    doc = textwrap.dedent(doc or "").strip()
+    doc = inspect.cleandoc(doc or "")
     match = _ARGS_SECTION.search(doc)
     if not match:
-        return doc, {}
-    description = doc[: match.start()].strip()
+        return re.sub(r"(?<!\n)\n(?!\n)", " ", doc), {}
+    description = re.sub(r"(?<!\n)\n(?!\n)", " ", doc[: match.start()].strip())
     rest = doc[match.end():]
     end = _SECTION_END.search(rest)
     if end:
@@ -96,6 +95,12 @@ def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node, dict):
             if "$ref" in node and node["$ref"].startswith("#/$defs/"):
                 return walk(dict(defs[node["$ref"].split("/")[-1]]))
+            options = node.get("anyOf")
+            if options and len(options) == 2 and {"type": "null"} in options and node.get("default", 0) is None:
+                # An optional argument is shown as its plain type and left out of `required`:
+                # simpler for models and for grammar compilers than a union with null.
+                rest = {k: v for k, v in node.items() if k not in ("anyOf", "default")}
+                return walk({**next(o for o in options if o != {"type": "null"}), **rest})
             return {k: walk(v) for k, v in node.items() if k != "title"}
         if isinstance(node, list):
             return [walk(v) for v in node]

@@ -1,0 +1,468 @@
+"""The one agent loop. Every method of the paper (ToolSelf, vanilla, static presets, decoupled,
+ablations) is a setting of it, never a copy of it.
+
+An attempt is a sequence of stages. Stage i runs under a configuration C_i and starts from a
+fresh context built from C_i alone. The policy acts through tool calls; `reconfigure` archives
+the stage's summary in the history pool and returns the configuration-generation spec as its
+tool result, and the *same model in the same context* then writes C_{i+1}. `terminate` ends
+the attempt. Budgets (stages, steps per stage, tokens, wall clock) end it too, after asking
+the policy once for its best answer. Nothing the model writes can crash the loop: each
+malformed output becomes an observation it can act on, recorded in the trajectory.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from typing import Any
+
+import jinja2
+
+from toolself.config import (
+    GENERIC_STRATEGY,
+    Configuration,
+    configuration_schema,
+    fallback_configuration,
+    parse_configuration,
+)
+from toolself.context import MODES, describe_modes
+from toolself.history import HistoryPool
+from toolself.models.base import ChatModel, Completion, Message
+from toolself.tools.base import Observation, Tool, ToolArgumentError, ToolContext, ToolPool
+from toolself.tools.special import RECONFIGURE, SPECIAL_TOOLS, TERMINATE
+from toolself.trajectory import Conversation, ModelCall, Stage, Step, Trajectory
+
+FREEZABLE = ("subgoal", "strategy", "toolbox", "knowledge", "mode")
+CONFIGURATORS = ("policy", "decoupled", "preset")
+
+
+@dataclass
+class AgentSettings:
+    """How the loop runs. The paper's variants differ only in these fields (see `variants`).
+
+    configurator: who writes configurations: `policy` (the acting model, in its own context:
+    ToolSelf), `decoupled` (a separate call that sees only the spec), `preset` (a fixed
+    configuration, no reconfiguration: vanilla and static agents).
+    freeze: dimensions held fixed whatever the policy writes (the one-dimension ablations):
+    subgoal -> the main task, strategy -> generic, toolbox -> the whole pool, knowledge -> none,
+    mode -> basic.
+    """
+
+    method: str = "toolself"
+    configurator: str = "policy"
+    reconfigure: bool = True
+    preset: Configuration | None = None
+    freeze: tuple[str, ...] = ()
+    modes: tuple[str, ...] = ("basic", "truncation")
+    max_stages: int = 6
+    max_steps_per_stage: int = 12
+    max_total_tokens: int = 200_000
+    time_limit: float | None = None
+    context_budget: int = 8_000
+    max_tokens_per_call: int | None = None
+    config_max_text: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.configurator not in CONFIGURATORS:
+            raise ValueError(f"configurator must be one of {CONFIGURATORS}, not {self.configurator!r}")
+        if self.configurator == "preset" and self.preset is None:
+            raise ValueError("the preset configurator needs a preset configuration")
+        unknown = [f for f in self.freeze if f not in FREEZABLE]
+        if unknown:
+            raise ValueError(f"cannot freeze {unknown}; freezable dimensions: {list(FREEZABLE)}")
+        missing = [m for m in self.modes if m not in MODES]
+        if missing:
+            raise ValueError(f"unknown context mode(s) {missing}; registered: {list(MODES)}")
+        for name in ("max_stages", "max_steps_per_stage", "max_total_tokens", "context_budget"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["preset"] = self.preset.to_dict() if self.preset else None
+        out["freeze"] = list(self.freeze)
+        out["modes"] = list(self.modes)
+        return out
+
+
+class Observer:
+    """Live progress hooks (the CLI prints with them). Every method is optional."""
+
+    def stage_started(self, trajectory: Trajectory, stage: Stage) -> None: ...
+
+    def step(self, trajectory: Trajectory, stage: Stage, step: Step) -> None: ...
+
+    def configuration_rejected(self, trajectory: Trajectory, problems: list[str]) -> None: ...
+
+    def finished(self, trajectory: Trajectory) -> None: ...
+
+
+@functools.lru_cache(maxsize=None)
+def _templates() -> jinja2.Environment:
+    folder = resources.files("toolself") / "prompts"
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)), keep_trailing_newline=False,
+                              undefined=jinja2.StrictUndefined, autoescape=False)
+
+
+def render(name: str, **values: Any) -> str:
+    return _templates().get_template(name).render(**values).strip()
+
+
+class BudgetExhausted(Exception):
+    def __init__(self, budget: str):
+        super().__init__(budget)
+        self.budget = budget
+
+
+class Agent:
+    """A policy model, a tool pool and settings. Stateless between attempts, so one agent can
+    run many attempts concurrently from several threads."""
+
+    def __init__(self, model: ChatModel, pool: ToolPool, settings: AgentSettings | None = None,
+                 config_model: ChatModel | None = None, observer: Observer | None = None):
+        self.model = model
+        self.pool = pool
+        self.settings = settings or AgentSettings()
+        self.config_model = config_model or model
+        self.observer = observer or Observer()
+        clash = [n for n in SPECIAL_TOOLS if n in pool]
+        if clash:
+            raise ValueError(f"the pool must not define {clash}: the agent provides them")
+
+    def run(self, task: str, ctx: ToolContext | None = None, task_id: str = "",
+            metadata: dict[str, Any] | None = None, cancel: threading.Event | None = None) -> Trajectory:
+        """Run one attempt at `task` and return its trajectory (never raises for model or tool
+        failures: those end the attempt with `end_reason` and `error` set)."""
+        own_ctx = ctx is None
+        ctx = ctx or ToolContext.temporary(model=self.model)
+        if ctx.model is None:
+            ctx.model = self.model
+        trajectory = Trajectory(task=task, task_id=task_id, method=self.settings.method,
+                                model=getattr(self.model, "name", type(self.model).__name__),
+                                settings=self.settings.to_dict(), metadata=dict(metadata or {}))
+        try:
+            _Attempt(self, trajectory, ctx, cancel).run()
+        finally:
+            if own_ctx:
+                ctx.close()
+            self.model.end_session(trajectory.id)
+        self.observer.finished(trajectory)
+        return trajectory
+
+
+@dataclass
+class _StageEnd:
+    kind: str  # terminate | reconfigure
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+class _Attempt:
+    """The state of one attempt: its trajectory, history pool and budgets."""
+
+    def __init__(self, agent: Agent, trajectory: Trajectory, ctx: ToolContext, cancel: threading.Event | None):
+        self.agent = agent
+        self.s = agent.settings
+        self.trajectory = trajectory
+        self.ctx = ctx
+        self.cancel = cancel
+        self.history = HistoryPool()
+        self.started = time.monotonic()
+        self.deadline = self.started + self.s.time_limit if self.s.time_limit else None
+        self.tool_names = agent.pool.names
+        self.modes = list(self.s.modes)
+        self._token_counts: dict[int, list[int]] = {}
+        self.stage: Stage | None = None
+
+    # -- the attempt -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        t = self.trajectory
+        try:
+            config, source, problems, conversation = self.first_configuration()
+            self.open_stage(config, source, problems, conversation, request=None)
+            while True:
+                end = self.run_stage()
+                if end.kind == "terminate":
+                    t.answer = end.arguments["answer"]
+                    t.end_reason = "terminate"
+                    break
+                self.next_stage(end.arguments)
+        except BudgetExhausted as exc:
+            self.ask_final_answer(exc.budget)
+        except Exception as exc:
+            t.end_reason = "error"
+            t.error = "".join(traceback.format_exception(exc)).strip()
+        finally:
+            if self.stage is not None:
+                self.stage.duration = time.monotonic() - self.stage.started
+            t.history = self.history.to_list()
+            t.duration = time.monotonic() - self.started
+
+    def first_configuration(self) -> tuple[Configuration, str, list[str], Conversation | None]:
+        """C_0, written by the policy from the spec with an empty history (or a preset)."""
+        if self.s.configurator == "preset":
+            return self.resolve_preset(), "preset", [], None
+        conversation = Conversation([Message("system", render("setup_system.j2")),
+                                     Message("user", self.spec(request=None))])
+        model = self.agent.config_model if self.s.configurator == "decoupled" else self.agent.model
+        config, source, problems = self.write_configuration(conversation, model, subgoal=self.trajectory.task)
+        return config, source, problems, conversation
+
+    def next_stage(self, request: dict[str, Any]) -> None:
+        stage = self.stage
+        assert stage is not None
+        if self.s.configurator == "decoupled":
+            spec = self.spec(request)
+            conversation = Conversation([Message("system", render("setup_system.j2")), Message("user", spec)])
+            config, source, problems = self.write_configuration(conversation, self.agent.config_model,
+                                                                request["next_subgoal"])
+        else:
+            conversation = None
+            config, source, problems = self.write_configuration(stage.conversation, self.agent.model,
+                                                                request["next_subgoal"])
+        self.open_stage(config, source, problems, conversation, request)
+
+    def open_stage(self, config: Configuration, source: str, problems: list[str],
+                   config_conversation: Conversation | None, request: dict[str, Any] | None) -> None:
+        if self.stage is not None:
+            self.stage.duration = time.monotonic() - self.stage.started
+        config, frozen = self.apply_freeze(config)
+        index = len(self.trajectory.stages)
+        system = render("stage_system.j2", strategy=config.strategy, task=self.trajectory.task,
+                        subgoal=config.subgoal, knowledge=self.knowledge(config),
+                        reconfigure=self.s.reconfigure)
+        user = render("stage_user.j2", task=self.trajectory.task, subgoal=config.subgoal)
+        stage = Stage(index=index, configuration=config, config_source=source, config_problems=problems,
+                      frozen=frozen, request=request, config_conversation=config_conversation,
+                      conversation=Conversation([Message("system", system), Message("user", user)]),
+                      started=time.monotonic())
+        self.trajectory.stages.append(stage)
+        self.stage = stage
+        self.agent.observer.stage_started(self.trajectory, stage)
+
+    def run_stage(self) -> _StageEnd:
+        stage = self.stage
+        assert stage is not None
+        tools = self.stage_tools(stage.configuration)
+        schemas = [t.schema for t in tools]
+        by_name = {t.name: t for t in tools}
+        actions = 0
+        while True:
+            if actions >= self.s.max_steps_per_stage:
+                raise BudgetExhausted("steps")
+            completion, call_index = self.decide(stage.conversation, "action", schemas)
+            actions += 1
+            message = completion.message
+            if not message.tool_calls:
+                stage.conversation.messages.append(
+                    Message("user", render("no_tool_call.j2", tools=list(by_name))))
+                continue
+            end: _StageEnd | None = None
+            for tool_call in message.tool_calls:
+                if end is not None:
+                    self.respond(stage, tool_call, Observation(
+                        "Not run: an earlier call in the same reply ended the stage.", is_error=True), call_index)
+                    continue
+                end = self.handle_call(stage, tool_call, by_name, call_index)
+            if end is not None:
+                return end
+
+    def handle_call(self, stage: Stage, tool_call, by_name: dict[str, Tool], call_index: int) -> _StageEnd | None:
+        """Run one tool call; return how the stage ends if the call ends it."""
+        name = tool_call.name
+        if tool_call.error:
+            label = f"Your call to {name!r}" if name else "Your tool call"
+            self.respond(stage, tool_call, Observation(f"{label} could not be read: {tool_call.error}. "
+                                                       "Send the call again with valid JSON arguments.", is_error=True),
+                         call_index)
+            return None
+        if name not in by_name:
+            available = ", ".join(by_name)
+            hint = (" To get a tool that is not in this stage's toolbox, call reconfigure with a toolbox_request."
+                    if self.s.reconfigure and name in self.agent.pool else "")
+            self.respond(stage, tool_call, Observation(
+                f"There is no tool {name!r} in this stage. Available: {available}.{hint}", is_error=True), call_index)
+            return None
+        tool = by_name[name]
+        if name in SPECIAL_TOOLS:
+            try:
+                arguments = tool.validate(tool_call.arguments or {})
+            except ToolArgumentError as exc:
+                self.respond(stage, tool_call, Observation(str(exc), is_error=True), call_index)
+                return None
+            if name == TERMINATE:
+                self.respond(stage, tool_call, Observation("The task is ended."), call_index)
+                stage.end = "terminate"
+                return _StageEnd("terminate", arguments)
+            return self.reconfigure(stage, tool_call, arguments, call_index)
+        started = time.perf_counter()
+        observation = tool(tool_call.arguments or {}, self.ctx)
+        self.respond(stage, tool_call, observation, call_index, time.perf_counter() - started)
+        return None
+
+    def reconfigure(self, stage: Stage, tool_call, arguments: dict[str, Any], call_index: int) -> _StageEnd:
+        arguments = {k: v for k, v in arguments.items() if v is not None}
+        stage.summary, stage.reason, stage.end = arguments["summary"], arguments["reason"], "reconfigure"
+        self.history.archive(stage.index, stage.configuration.subgoal, arguments["summary"], arguments["reason"])
+        if len(self.trajectory.stages) >= self.s.max_stages:
+            self.respond(stage, tool_call, Observation(
+                f"The summary is archived, but no stage is left (at most {self.s.max_stages}).", is_error=True),
+                call_index)
+            raise BudgetExhausted("stages")
+        if self.s.configurator == "decoupled":
+            result = "The summary is archived. The next configuration is written separately."
+        else:
+            result = self.spec(arguments)
+        self.respond(stage, tool_call, Observation(result), call_index)
+        return _StageEnd("reconfigure", arguments)
+
+    def ask_final_answer(self, budget: str) -> None:
+        """A budget ran out: ask the policy once for its best answer, with `terminate` only."""
+        t = self.trajectory
+        t.end_reason = f"budget:{budget}"
+        stage = self.stage
+        if stage is None:
+            return
+        stage.end = stage.end or f"budget:{budget}"
+        conversation = stage.conversation
+        conversation.messages.append(Message("user", render("budget.j2", budget=budget)))
+        try:
+            completion, _ = self.decide(conversation, "final", [SPECIAL_TOOLS[TERMINATE].schema], check=False)
+        except Exception as exc:
+            t.error = "".join(traceback.format_exception(exc)).strip()
+            return
+        for tool_call in completion.message.tool_calls:
+            if tool_call.name == TERMINATE and isinstance((tool_call.arguments or {}).get("answer"), str):
+                t.answer = tool_call.arguments["answer"]
+                return
+        t.answer = completion.message.content.strip() or None
+
+    # -- configurations ----------------------------------------------------------------------
+
+    def spec(self, request: dict[str, Any] | None) -> str:
+        """The configuration-generation specification z_i."""
+        return render("spec.j2", initial=request is None, stage=len(self.trajectory.stages) - 1,
+                      task=self.trajectory.task, catalogue=self.agent.pool.catalogue(),
+                      modes=describe_modes(self.modes), mode_names=self.modes,
+                      history=self.history.render(), request=request)
+
+    def write_configuration(self, conversation: Conversation, model: ChatModel,
+                            subgoal: str) -> tuple[Configuration, str, list[str]]:
+        """Ask for a configuration; one repair on a precise error; then the documented fallback."""
+        schema = configuration_schema(self.tool_names, self.modes, self.s.config_max_text)
+        problems: list[str] = []
+        for attempt in ("policy", "repaired"):
+            completion, call_index = self.decide(conversation, "configure", self.config_tools(conversation),
+                                                 response_schema=schema, model=model, check=False)
+            parsed = parse_configuration(completion.message.content, self.tool_names, self.modes)
+            if parsed.configuration is not None:
+                return parsed.configuration, attempt, problems
+            conversation.calls[call_index].problems = parsed.problems
+            problems.extend(parsed.problems)
+            self.agent.observer.configuration_rejected(self.trajectory, parsed.problems)
+            if attempt == "policy":
+                conversation.messages.append(Message("user", render("repair.j2", problems=parsed.problems)))
+        previous = self.stage.configuration if self.stage else None
+        return fallback_configuration(subgoal, self.tool_names, previous), "fallback", problems
+
+    def config_tools(self, conversation: Conversation) -> list[dict[str, Any]] | None:
+        """The tools shown during a configuration turn: the same as the turns before it, so the
+        prompt prefix (and a backend's KV cache) is unchanged. The reply is still JSON: the
+        response schema takes precedence."""
+        if self.stage is not None and conversation is self.stage.conversation:
+            return [t.schema for t in self.stage_tools(self.stage.configuration)]
+        return None
+
+    def resolve_preset(self) -> Configuration:
+        preset = self.s.preset
+        assert preset is not None
+        toolbox = [n for n in preset.toolbox if n in self.agent.pool] if preset.toolbox else list(self.tool_names)
+        return replace(preset, subgoal=preset.subgoal.replace("{task}", self.trajectory.task) or self.trajectory.task,
+                       toolbox=toolbox)
+
+    def apply_freeze(self, config: Configuration) -> tuple[Configuration, list[str]]:
+        frozen = list(self.s.freeze)
+        if not frozen or self.s.configurator == "preset":
+            return config, []
+        changes: dict[str, Any] = {}
+        if "subgoal" in frozen:
+            changes["subgoal"] = self.trajectory.task
+        if "strategy" in frozen:
+            changes["strategy"] = GENERIC_STRATEGY
+        if "toolbox" in frozen:
+            changes["toolbox"] = list(self.tool_names)
+        if "knowledge" in frozen:
+            changes.update(knowledge="none", knowledge_summary="")
+        if "mode" in frozen:
+            changes["context_mode"] = "basic"
+        return replace(config, **changes), frozen
+
+    def knowledge(self, config: Configuration) -> str:
+        if config.knowledge == "history":
+            return self.history.render(empty="") if len(self.history) else ""
+        if config.knowledge == "summary":
+            return config.knowledge_summary
+        return ""
+
+    def stage_tools(self, config: Configuration) -> list[Tool]:
+        tools = self.agent.pool.subset(config.toolbox)
+        if self.s.reconfigure:
+            tools.append(SPECIAL_TOOLS[RECONFIGURE])
+        tools.append(SPECIAL_TOOLS[TERMINATE])
+        return tools
+
+    # -- model calls and observations --------------------------------------------------------
+
+    def check_budgets(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise BudgetExhausted("cancelled")
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise BudgetExhausted("time")
+        if self.trajectory.usage.total_tokens >= self.s.max_total_tokens:
+            raise BudgetExhausted("tokens")
+
+    def token_counts(self, conversation: Conversation) -> list[int]:
+        counts = self._token_counts.setdefault(id(conversation), [])
+        count = self.agent.model.count_tokens
+        for message in conversation.messages[len(counts):]:
+            text = message.content + "".join(c.raw_arguments or json.dumps(c.arguments) for c in message.tool_calls)
+            counts.append(count(text) + 4)
+        return counts
+
+    def decide(self, conversation: Conversation, kind: str, tools: list[dict[str, Any]] | None,
+               response_schema: dict[str, Any] | None = None, model: ChatModel | None = None,
+               check: bool = True) -> tuple[Completion, int]:
+        """One model call on the stage's current view; the reply joins the conversation."""
+        if check:
+            self.check_budgets()
+        mode_name = self.stage.configuration.context_mode if self.stage else "basic"
+        mode = MODES.get(mode_name, MODES["basic"])()
+        view = mode.view(conversation.messages, self.token_counts(conversation), self.s.context_budget)
+        visible = conversation.render(view)
+        model = model or self.agent.model
+        completion = model.complete(visible, tools=tools, response_schema=response_schema,
+                                    session=self.trajectory.id, max_tokens=self.s.max_tokens_per_call)
+        message = completion.message
+        if message.role != "assistant":
+            message = replace(message, role="assistant")
+        conversation.messages.append(message)
+        conversation.calls.append(ModelCall(
+            kind=kind, view=view, output=len(conversation.messages) - 1,
+            tools=[t["function"]["name"] for t in tools or []], response_schema=response_schema is not None,
+            usage=completion.usage, latency=completion.latency, completion_token_ids=completion.completion_token_ids))
+        self.trajectory.usage = self.trajectory.usage + completion.usage
+        return completion, len(conversation.calls) - 1
+
+    def respond(self, stage: Stage, tool_call, observation: Observation, call_index: int,
+                duration: float = 0.0) -> None:
+        stage.conversation.messages.append(Message("tool", observation.content, tool_call_id=tool_call.id,
+                                                   name=tool_call.name or None))
+        step = Step(tool=tool_call.name, arguments=tool_call.arguments, observation=observation.content,
+                    is_error=observation.is_error, duration=duration, call=call_index)
+        stage.steps.append(step)
+        self.agent.observer.step(self.trajectory, stage, step)
