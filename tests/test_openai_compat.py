@@ -16,9 +16,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from http_fixtures import running_server, serving
+from toolself.agent import Agent, AgentSettings
 from toolself.models.base import Message, ModelError, ToolCall
-from toolself.models.openai_compat import OpenAIModel, parse_model_spec, parse_retry_after
+from toolself.models.openai_compat import OpenAIModel, parse_model_spec, parse_retry_after, parse_spec
 from toolself.models.scripted import ScriptedModel, call
+from toolself.tools.base import ToolPool, tool
 
 SEARCH = {"type": "function", "function": {
     "name": "search", "description": "Search the collection.",
@@ -362,10 +364,11 @@ def test_missing_usage_is_estimated_from_the_text():
 def test_request_carries_options_and_extra_body():
     app = fault_app(answer("ok"))
     with running_server(app) as base:
-        model = fast_client(base + "/v1", temperature=0.25, extra_body={"top_k": 20}, send_session=True)
+        model = fast_client(base + "/v1", temperature=0.25, seed=7, extra_body={"top_k": 20}, send_session=True)
         model.complete(user("hi"), max_tokens=64, session="episode-1")
     (body,) = app.state.requests
-    assert (body["temperature"], body["top_k"], body["max_tokens"], body["session"]) == (0.25, 20, 64, "episode-1")
+    assert (body["temperature"], body["seed"], body["top_k"], body["max_tokens"], body["session"]) == (
+        0.25, 7, 20, 64, "episode-1")
 
 
 # -- specs and headers ----------------------------------------------------------------------
@@ -373,26 +376,26 @@ def test_request_carries_options_and_extra_body():
 def test_spec_with_url(monkeypatch):
     monkeypatch.delenv("TOOLSELF_API_KEY", raising=False)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-    spec = parse_model_spec("openai:Qwen/Qwen3-8B@http://127.0.0.1:8000/v1/")
+    spec = parse_spec("openai:Qwen/Qwen3-8B@http://127.0.0.1:8000/v1/")
     assert (spec.model, spec.base_url, spec.api_key) == ("Qwen/Qwen3-8B", "http://127.0.0.1:8000/v1", "sk-test")
 
 
 def test_spec_name_may_contain_at_sign(monkeypatch):
-    spec = parse_model_spec("openai:org@v2/model@https://example.test/v1")
+    spec = parse_spec("openai:org@v2/model@https://example.test/v1")
     assert (spec.model, spec.base_url) == ("org@v2/model", "https://example.test/v1")
 
 
 def test_spec_without_url_uses_openai_base_url(monkeypatch):
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9000/v1")
     monkeypatch.setenv("TOOLSELF_API_KEY", "tk")
-    spec = parse_model_spec("openai:qwen3")
+    spec = parse_spec("openai:qwen3")
     assert (spec.model, spec.base_url, spec.api_key) == ("qwen3", "http://127.0.0.1:9000/v1", "tk")
 
 
 def test_spec_api_key_defaults_to_empty(monkeypatch):
     monkeypatch.delenv("TOOLSELF_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    assert parse_model_spec("openai:m@http://localhost:1/v1").api_key == "EMPTY"
+    assert parse_spec("openai:m@http://localhost:1/v1").api_key == "EMPTY"
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -404,7 +407,13 @@ def test_spec_api_key_defaults_to_empty(monkeypatch):
 def test_malformed_specs_are_rejected_clearly(monkeypatch, spec, message):
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     with pytest.raises(ValueError, match=message):
-        parse_model_spec(spec)
+        parse_spec(spec)
+
+
+def test_model_spec_builds_a_model_with_options(monkeypatch):
+    model = parse_model_spec("openai:qwen3@http://127.0.0.1:8000/v1", temperature=0.6, tool_protocol="text")
+    assert (model.name, model.base_url, model.temperature, model.tool_protocol) == (
+        "openai:qwen3", "http://127.0.0.1:8000/v1", 0.6, "text")
 
 
 def test_retry_after_accepts_seconds_milliseconds_and_dates():
@@ -414,3 +423,42 @@ def test_retry_after_accepts_seconds_milliseconds_and_dates():
     assert 25 < parse_retry_after({"retry-after": date}) <= 31
     assert parse_retry_after({"retry-after": "soon"}) is None
     assert parse_retry_after({}) is None
+
+
+# -- the agent loop over HTTP ---------------------------------------------------------------
+
+@tool
+def lookup(key: str) -> str:
+    """Look a key up in a small table.
+
+    Args:
+        key: The key to look up.
+    """
+    return {"a": "alpha", "b": "beta"}.get(key, "no such key")
+
+
+def configuration(subgoal: str, knowledge: str = "none") -> str:
+    return json.dumps({"subgoal": subgoal, "strategy": "Use lookup, then answer.", "toolbox": ["lookup"],
+                       "knowledge": knowledge, "context_mode": "basic"})
+
+
+@pytest.mark.parametrize("protocol", ["native", "text"])
+def test_an_agent_episode_runs_against_toolself_serve(protocol):
+    scripted = ScriptedModel([
+        configuration("find a"),
+        call("lookup", key="a"),
+        call("reconfigure", summary="a is alpha", reason="sub-goal done", next_subgoal="find b"),
+        configuration("find b", knowledge="history"),
+        call("lookup", key="b"),
+        call("terminate", answer="alpha, beta"),
+    ])
+    with serving(scripted) as url:
+        model = fast_client(url, tool_protocol=protocol)
+        trajectory = Agent(model, ToolPool([lookup]), AgentSettings()).run("What are a and b?")
+    assert trajectory.error is None, trajectory.error
+    assert trajectory.answer == "alpha, beta"
+    assert [s.configuration.subgoal for s in trajectory.stages] == ["find a", "find b"]
+    assert trajectory.num_reconfigurations == 1
+    assert trajectory.usage.prompt_tokens > 0 and trajectory.usage.completion_tokens > 0
+    observations = [m.content for m in scripted.calls[2]["messages"]]
+    assert any("alpha" in text for text in observations), "the tool result travelled back over HTTP"

@@ -54,7 +54,12 @@ def _env_api_key() -> str:
     return os.environ.get("TOOLSELF_API_KEY") or os.environ.get("OPENAI_API_KEY") or DEFAULT_API_KEY
 
 
-def parse_model_spec(spec: str) -> ModelSpec:
+def parse_model_spec(spec: str, **options: Any) -> "OpenAIModel":
+    """The model an `openai:NAME@URL` spec names; `options` go to `OpenAIModel`."""
+    return parse_spec(spec).build(**options)
+
+
+def parse_spec(spec: str) -> ModelSpec:
     """Parse `openai:NAME@URL` (or `openai:NAME` with `OPENAI_BASE_URL` set).
 
     The last `@` followed by an http(s) URL separates the name from the URL, so model names
@@ -81,10 +86,6 @@ def parse_model_spec(spec: str) -> ModelSpec:
     if not name:
         raise ValueError(f"model spec {spec!r} has no model name: expected openai:NAME@URL")
     return ModelSpec(model=name, base_url=url.rstrip("/"), api_key=_env_api_key())
-
-
-def load_openai_model(spec: str, **options: Any) -> "OpenAIModel":
-    return parse_model_spec(spec).build(**options)
 
 
 def parse_retry_after(headers: Any) -> float | None:
@@ -156,6 +157,7 @@ class OpenAIModel:
         timeout: float = 120,
         max_retries: int = 4,
         temperature: float | None = None,
+        seed: int | None = None,
         extra_body: dict[str, Any] | None = None,
         backoff_base: float = 0.5,
         backoff_max: float = 30.0,
@@ -173,6 +175,7 @@ class OpenAIModel:
         self.timeout = timeout
         self.max_retries = max_retries
         self.temperature = temperature
+        self.seed = seed
         self.extra_body = dict(extra_body or {})
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
@@ -270,6 +273,8 @@ class OpenAIModel:
             body["max_tokens"] = max_tokens
         if self.temperature is not None:
             body["temperature"] = self.temperature
+        if self.seed is not None:
+            body["seed"] = self.seed
         extra = dict(self.extra_body)
         if self.send_session and session:
             extra["session"] = session

@@ -1,0 +1,198 @@
+"""`toolself serve`: the OpenAI wire format over any ChatModel, spoken over real loopback HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from http_fixtures import serving
+from toolself.models.base import Completion, Message, SyncModelBase, ToolCall, Usage
+from toolself.models.scripted import ScriptedModel, call
+from toolself.serve import create_app
+
+SEARCH = {"type": "function", "function": {"name": "search", "description": "Search.",
+                                           "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}
+
+
+class RecordingModel(SyncModelBase):
+    """Answers with a fixed message and keeps every argument it was called with."""
+
+    name = "recorder"
+
+    def __init__(self, reply: Message | None = None, usage: Usage | None = None):
+        self.reply = reply or Message("assistant", "fine")
+        self.usage = usage or Usage(11, 3, 5)
+        self.calls: list[dict[str, Any]] = []
+
+    def complete(self, messages, tools=None, response_schema=None, session=None, max_tokens=None) -> Completion:
+        self.calls.append({"messages": messages, "tools": tools, "response_schema": response_schema,
+                           "session": session, "max_tokens": max_tokens})
+        return Completion(self.reply, self.usage, finish_reason="length")
+
+
+def post(url: str, body: Any) -> httpx.Response:
+    content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    return httpx.post(url + "/chat/completions", content=content, headers={"content-type": "application/json"},
+                      timeout=10)
+
+
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def test_health_and_model_list():
+    with serving(RecordingModel()) as url:
+        assert httpx.get(url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
+        models = httpx.get(url + "/models").json()
+    assert models["object"] == "list"
+    assert [m["id"] for m in models["data"]] == ["recorder"]
+
+
+def test_plain_completion_has_the_openai_shape_and_usage():
+    with serving(RecordingModel()) as url:
+        body = post(url, {"model": "anything", "messages": HELLO}).json()
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    (choice,) = body["choices"]
+    assert choice["message"] == {"role": "assistant", "content": "fine"}
+    assert choice["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14,
+                             "prompt_tokens_details": {"cached_tokens": 5}}
+
+
+def test_request_messages_become_typed_messages():
+    model = RecordingModel()
+    messages = [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "part one, "}, {"type": "text", "text": "part two"}]},
+        {"role": "assistant", "content": None, "reasoning_content": "dropped",
+         "tool_calls": [{"id": "call_9", "type": "function", "function": {"name": "search", "arguments": '{"query": "q"}'}}]},
+        {"role": "tool", "tool_call_id": "call_9", "name": "search", "content": "found"},
+    ]
+    with serving(model) as url:
+        assert post(url, {"messages": messages, "tools": [SEARCH]}).status_code == 200
+    got = model.calls[0]["messages"]
+    assert [(m.role, m.content) for m in got] == [("system", "be brief"), ("user", "part one, part two"),
+                                                   ("assistant", ""), ("tool", "found")]
+    assert got[2].tool_calls == [ToolCall("search", {"query": "q"}, "call_9", '{"query": "q"}')]
+    assert (got[3].tool_call_id, got[3].name) == ("call_9", "search")
+    assert model.calls[0]["tools"] == [SEARCH]
+
+
+def test_request_options_reach_the_model():
+    model = RecordingModel()
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    with serving(model) as url:
+        post(url, {"messages": HELLO, "max_tokens": 50, "max_completion_tokens": 20, "session": "ep-1",
+                   "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+        post(url, {"messages": HELLO, "response_format": {"type": "json_object"}, "tools": [SEARCH],
+                   "tool_choice": "none", "top_p": 0.9, "seed": 3})
+    first, second = model.calls
+    assert (first["max_tokens"], first["session"], first["response_schema"]) == (20, "ep-1", schema)
+    assert (second["response_schema"], second["tools"]) == ({"type": "object"}, None)
+
+
+def test_tool_calls_and_reasoning_are_returned_in_openai_shape():
+    reply = Message("assistant", "", reasoning="think first", tool_calls=[
+        ToolCall("search", {"query": "x"}, "call_1", '{"query": "x"}'),
+        ToolCall("search", None, "call_2", '{"query": ', error="arguments are not valid JSON")])
+    with serving(RecordingModel(reply)) as url:
+        body = post(url, {"messages": HELLO, "tools": [SEARCH]}).json()
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    assert choice["message"]["reasoning_content"] == "think first"
+    assert choice["message"]["tool_calls"] == [
+        {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": '{"query": "x"}'}},
+        {"id": "call_2", "type": "function", "function": {"name": "search", "arguments": '{"query": '}}]
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ("{not json", "not valid JSON"),
+    ([1, 2], "must be a JSON object"),
+    ({"model": "m"}, "messages"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "role"),
+    ({"messages": [{"role": "tool", "content": "r"}]}, "tool_call_id"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text content"),
+    ({"messages": HELLO, "max_tokens": 0}, "max_tokens"),
+    ({"messages": HELLO, "n": 2}, "n"),
+    ({"messages": HELLO, "tools": [{"type": "function", "function": {"description": "no name"}}]}, "name"),
+    ({"messages": HELLO, "response_format": {"type": "json_schema"}}, "json_schema"),
+])
+def test_bad_requests_get_an_openai_error_with_400(body, fragment):
+    model = RecordingModel()
+    with serving(model) as url:
+        response = post(url, body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert fragment in error["message"]
+    assert model.calls == []
+
+
+def test_unknown_route_gets_json_404():
+    with serving(RecordingModel()) as url:
+        response = httpx.get(url + "/engines")
+    assert response.status_code == 404
+    assert response.json()["error"]["type"] == "not_found_error"
+
+
+def test_a_failing_model_gives_500_and_the_server_stays_up():
+    model = ScriptedModel([])  # raises IndexError: out of replies
+    with serving(model) as url:
+        failed = post(url, {"messages": HELLO})
+        healthy = httpx.get(url.removesuffix("/v1") + "/health")
+    assert failed.status_code == 500
+    assert "IndexError" in failed.json()["error"]["message"]
+    assert healthy.status_code == 200
+
+
+def test_concurrent_requests_reach_the_model_concurrently():
+    class SlowAsyncModel(RecordingModel):
+        in_flight = peak = 0
+
+        async def acomplete(self, messages, tools=None, response_schema=None, session=None, max_tokens=None):
+            SlowAsyncModel.in_flight += 1
+            SlowAsyncModel.peak = max(SlowAsyncModel.peak, SlowAsyncModel.in_flight)
+            await asyncio.sleep(0.3)
+            SlowAsyncModel.in_flight -= 1
+            return self.complete(messages)
+
+    async def burst(url: str) -> list[int]:
+        async with httpx.AsyncClient(timeout=10) as client:
+            responses = await asyncio.gather(*(client.post(url + "/chat/completions", json={"messages": HELLO})
+                                               for _ in range(6)))
+        return [r.status_code for r in responses]
+
+    with serving(SlowAsyncModel()) as url:
+        start = time.perf_counter()
+        codes = asyncio.run(burst(url))
+        elapsed = time.perf_counter() - start
+    assert codes == [200] * 6
+    assert SlowAsyncModel.peak == 6
+    assert elapsed < 1.2
+
+
+def test_streaming_is_read_by_the_openai_sdk():
+    scripted = ScriptedModel([call("search", query="streamed")])
+    with serving(scripted) as url:
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+        chunks = list(client.chat.completions.create(model="m", messages=HELLO, tools=[SEARCH], stream=True,
+                                                     stream_options={"include_usage": True}))
+    calls = [c for chunk in chunks for choice in chunk.choices for c in choice.delta.tool_calls or []]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("search", {"query": "streamed"})]
+    assert chunks[-2].choices[0].finish_reason == "tool_calls"
+    assert chunks[-1].usage.completion_tokens > 0
+
+
+def test_app_lists_a_served_name_when_given():
+    app = create_app(RecordingModel(), served_name="Qwen/Qwen3-8B")
+    from http_fixtures import running_server
+
+    with running_server(app) as base:
+        assert httpx.get(base + "/v1/models").json()["data"][0]["id"] == "Qwen/Qwen3-8B"
