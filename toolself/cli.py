@@ -148,5 +148,14 @@ def methods() -> None:
         console.print(f"[bold]{m.name:28}[/bold] {m.summary}")
 
 
+def _mount() -> None:
+    from toolself.serve import serve_command
+
+    app.command("serve")(serve_command)
+
+
+_mount()
+
+
 def main() -> None:  # pragma: no cover
     sys.exit(app())

@@ -1,0 +1,3 @@
+from toolself.cli import main
+
+main()
