@@ -371,6 +371,38 @@ def test_request_carries_options_and_extra_body():
         0.25, 7, 20, 64, "episode-1")
 
 
+def test_rejected_max_tokens_switches_to_max_completion_tokens():
+    async def new_name_only(body):
+        if "max_tokens" in body:
+            return JSONResponse({"error": {"message": "Unsupported parameter: 'max_tokens' is not supported with "
+                                           "this model. Use 'max_completion_tokens' instead."}}, status_code=400)
+        return JSONResponse(chat_body({"content": "ok"}))
+
+    app = fault_app(new_name_only)
+    with running_server(app) as base:
+        model = fast_client(base + "/v1")
+        assert model.complete(user("hi"), max_tokens=32).text == "ok"
+        assert model.complete(user("hi"), max_tokens=16).text == "ok"
+    assert [r.get("max_completion_tokens") for r in app.state.requests] == [None, 32, 16]
+
+
+class SessionModel(ScriptedModel):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ended: list[str] = []
+
+    def end_session(self, session: str) -> None:
+        self.ended.append(session)
+
+
+def test_end_session_reaches_the_served_model_when_sessions_are_sent():
+    served = SessionModel([], default="ok")
+    with serving(served) as url:
+        fast_client(url, send_session=True).end_session("episode/1")
+        fast_client(url).end_session("episode/2")
+    assert served.ended == ["episode/1"]
+
+
 # -- specs and headers ----------------------------------------------------------------------
 
 def test_spec_with_url(monkeypatch):

@@ -156,7 +156,8 @@ def _wire_tool_calls(message: Message) -> list[dict[str, Any]]:
 
 def completion_body(completion: Completion, model_name: str) -> dict[str, Any]:
     message = completion.message
-    out_message: dict[str, Any] = {"role": "assistant", "content": message.content or None}
+    content = message.content if message.content or not message.tool_calls else None
+    out_message: dict[str, Any] = {"role": "assistant", "content": content}
     if message.tool_calls:
         out_message["tool_calls"] = _wire_tool_calls(message)
     if message.reasoning:
@@ -237,6 +238,11 @@ def create_app(model: ChatModel, served_name: str | None = None) -> Starlette:
         return JSONResponse({"object": "list", "data": [
             {"id": name, "object": "model", "created": created, "owned_by": "toolself"}]})
 
+    async def end_session(request: Request) -> Response:
+        # toolself extension: frees the cache a backend kept for an episode.
+        model.end_session(request.path_params["session"])
+        return Response(status_code=204)
+
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -249,6 +255,7 @@ def create_app(model: ChatModel, served_name: str | None = None) -> Starlette:
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
+            Route("/v1/sessions/{session:path}", end_session, methods=["DELETE"]),
             Route("/health", health, methods=["GET"]),
         ],
         exception_handlers={HTTPException: http_error},

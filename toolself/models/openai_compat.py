@@ -20,10 +20,12 @@ import os
 import random
 import re
 import time
+import urllib.parse
 import weakref
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import httpx
 import openai
 
 from toolself.models.base import Completion, Message, ModelError, ToolCall, Usage
@@ -144,7 +146,10 @@ class OpenAIModel:
     `tool_protocol`: `native` sends `tools`; `text` renders them into the prompt with the
     Qwen/Hermes protocol; `auto` tries native and switches to text for good if the server
     rejects tools. `max_retries` counts retries after the first attempt; `backoff_base` and
-    `backoff_max` (seconds) shape the exponential backoff.
+    `backoff_max` (seconds) shape the exponential backoff. `send_session` sends the episode
+    name as a `session` field (understood by `toolself serve`; vLLM ignores unknown fields,
+    OpenAI rejects them). A completion's latency is the whole call as the caller waited for
+    it, retries included.
     """
 
     def __init__(
@@ -183,6 +188,7 @@ class OpenAIModel:
         # What the server turned out to support; `auto` starts optimistic.
         self.native_tools = tool_protocol != "text"
         self.schema_format = True
+        self.max_tokens_field = "max_tokens"
         self._client: openai.OpenAI | None = None
         # An async HTTP client belongs to the event loop it was first used on.
         self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = (
@@ -231,8 +237,22 @@ class OpenAIModel:
         return max(1, len(text) // 4)
 
     def end_session(self, session: str) -> None:
-        # Servers keep their own prefix caches; there is nothing to release on our side.
-        return None
+        """Tell a `toolself serve` server that the episode is over, so that its model can free the
+        episode's cache. Only with `send_session`; other servers keep their own prefix caches,
+        and a server that does not know the endpoint is not an error."""
+        if not (self.send_session and session):
+            return
+        url = f"{self.base_url}/sessions/{urllib.parse.quote(session, safe='')}"
+        try:
+            httpx.delete(url, headers={"Authorization": f"Bearer {self.api_key}"}, timeout=min(5.0, self.timeout))
+        except httpx.HTTPError:
+            pass
+
+    def close(self) -> None:
+        """Release the HTTP connections of the blocking client."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
     # -- clients ---------------------------------------------------------------------------
 
@@ -270,7 +290,7 @@ class OpenAIModel:
             else:
                 body["messages"] = _with_schema_instruction(wire, response_schema)
         if max_tokens is not None:
-            body["max_tokens"] = max_tokens
+            body[self.max_tokens_field] = max_tokens
         if self.temperature is not None:
             body["temperature"] = self.temperature
         if self.seed is not None:
@@ -291,9 +311,13 @@ class OpenAIModel:
             if native and self.tool_protocol == "auto" and uses_tools and "tool" in text:
                 self.native_tools = False
                 return _REBUILD
-            if response_schema is not None and self.schema_format and (
-                    "response_format" in text or "json_schema" in text or "schema" in text):
+            if response_schema is not None and self.schema_format and any(
+                    word in text for word in ("response_format", "json_schema", "structured output", "guided")):
                 self.schema_format = False
+                return _REBUILD
+            if "max_tokens" in text and "max_completion_tokens" in text and self.max_tokens_field == "max_tokens":
+                # OpenAI's reasoning models accept only the newer name.
+                self.max_tokens_field = "max_completion_tokens"
                 return _REBUILD
             raise ModelError(f"{where} rejected the request: {_describe(exc)}") from exc
         retryable = isinstance(exc, openai.APIConnectionError) or (
