@@ -24,7 +24,9 @@ from toolself.serve import create_app
 @contextmanager
 def running_server(app: Any, host: str = "127.0.0.1", startup_timeout: float = 10.0) -> Iterator[str]:
     """Run `app` until the block ends; yields `http://127.0.0.1:PORT`."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # proto must be IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets, and without it
+    # every keep-alive request waits ~40 ms for a delayed ACK.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     port = sock.getsockname()[1]

@@ -196,3 +196,15 @@ def test_app_lists_a_served_name_when_given():
 
     with running_server(app) as base:
         assert httpx.get(base + "/v1/models").json()["data"][0]["id"] == "Qwen/Qwen3-8B"
+
+
+def test_loopback_fixture_answers_keep_alive_requests_without_delayed_acks():
+    # Benchmarks time fixed-latency servers through this fixture: a 40 ms delayed ACK per
+    # request (sockets without TCP_NODELAY) would swamp what they measure.
+    with serving(RecordingModel()) as url, httpx.Client() as client:
+        client.get(url + "/models")
+        start = time.perf_counter()
+        for _ in range(20):
+            client.get(url + "/models")
+        elapsed = time.perf_counter() - start
+    assert elapsed < 0.4, f"20 keep-alive requests took {elapsed:.2f} s"
