@@ -178,6 +178,25 @@ def test_concurrent_requests_reach_the_model_concurrently():
     assert elapsed < 1.2
 
 
+def test_concurrent_requests_to_a_blocking_model_overlap_beyond_the_cpu_count():
+    def slow(messages, tools):
+        time.sleep(0.3)
+        return "ok"
+
+    async def burst(url: str) -> list[int]:
+        async with httpx.AsyncClient(timeout=10) as client:
+            responses = await asyncio.gather(*(client.post(url + "/chat/completions", json={"messages": HELLO})
+                                               for _ in range(24)))
+        return [r.status_code for r in responses]
+
+    with serving(ScriptedModel([], default=slow)) as url:
+        start = time.perf_counter()
+        codes = asyncio.run(burst(url))
+        elapsed = time.perf_counter() - start
+    assert codes == [200] * 24
+    assert elapsed < 1.0, f"24 blocking 0.3 s calls took {elapsed:.2f} s (6 threads would need 1.2 s)"
+
+
 def test_streaming_is_read_by_the_openai_sdk():
     scripted = ScriptedModel([call("search", query="streamed")])
     with serving(scripted) as url:

@@ -8,10 +8,13 @@ requests reach the model together and a batching backend can batch them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 import uuid
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any, Literal
 
 import typer
@@ -201,11 +204,22 @@ def _stream_chunks(body: dict[str, Any], include_usage: bool):
 
 # -- app ---------------------------------------------------------------------------------------
 
-def create_app(model: ChatModel, served_name: str | None = None) -> Starlette:
+def create_app(model: ChatModel, served_name: str | None = None, max_threads: int = 64) -> Starlette:
     """An OpenAI-compatible app over `model`. Any `model` name in a request is accepted:
-    one server serves one model, listed under `served_name` (default: the model's name)."""
+    one server serves one model, listed under `served_name` (default: the model's name).
+
+    Blocking models run their `acomplete` in the event loop's default executor, which asyncio
+    sizes by CPU count (6 threads on 2 cores); `max_threads` widens it so that many
+    concurrent requests to such a model really overlap."""
     name = served_name or getattr(model, "name", "model")
     created = int(time.time())
+    widened: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+    def widen_executor() -> None:
+        loop = asyncio.get_running_loop()
+        if loop not in widened:
+            loop.set_default_executor(ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="toolself-serve"))
+            widened.add(loop)
 
     async def chat_completions(request: Request) -> Response:
         try:
@@ -221,6 +235,7 @@ def create_app(model: ChatModel, served_name: str | None = None) -> Starlette:
             param = ".".join(str(p) for p in first["loc"]) or None
             return error_response(400, f"{param}: {first['msg']}" if param else first["msg"], param=param)
         messages = [m.to_message() for m in req.messages]
+        widen_executor()
         try:
             completion = await model.acomplete(
                 messages, tools=req.tool_schemas(), response_schema=req.response_schema(),
