@@ -1,0 +1,560 @@
+"""Tasks from a spec string: the paper's benchmarks from files the user gives, or a built-in suite.
+
+    builtin:research|data|code|mixed[?key=value&...]   generated suites (see toolself.evals.suites)
+    gaia:PATH        metadata.jsonl / .parquet (or its folder); attachments resolved next to it
+    frames:PATH      the FRAMES TSV / CSV / JSON(L)
+    xbench:PATH      the official xbench-DeepSearch CSV; fields decrypted with each row's canary
+    swebench:PATH[?repo=CLONE]   SWE-bench (Lite) JSON / JSONL / parquet, run against a local clone
+    hotpotqa:PATH    HotpotQA (original JSON or the processed JSONL); paragraphs become the collection
+    gsm8k:PATH       GSM8K JSONL; the answer is what follows `####`
+    jsonl:PATH       plain JSONL with `question` and `answer`
+
+Without a prefix the format is inferred from the file when its first row says so unambiguously.
+Nothing is ever fetched: a path is read or the load fails with a message naming it. A malformed
+row is skipped and reported with its file and line; the count is printed and kept on the
+returned list (`LoadedTasks.skipped`), never hidden.
+
+Options common to file loaders: `collection=PATH` (a folder or JSONL the tasks' `search` reads),
+`shuffle=1` (shuffle with the seed before `limit`), and per format: gaia `level=N`,
+`text_only=1` (GAIA(WS): rows without attachments); swebench `repo=PATH` (a clone, or a folder of
+clones named `owner__name` or `name`) and `test_cmd=...` (a template with `{tests}`).
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import csv
+import json
+import random
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+from urllib.parse import parse_qsl
+
+from rich.console import Console
+
+from toolself.evals.task import Task
+
+csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+_console = Console(stderr=True)
+
+
+@dataclass
+class SkippedRow:
+    file: str
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.reason}"
+
+
+class LoadedTasks(list):
+    """A list of tasks that also carries what was skipped while loading and from where."""
+
+    def __init__(self, tasks: list[Task] = (), skipped: list[SkippedRow] | None = None, source: str = ""):
+        super().__init__(tasks)
+        self.skipped: list[SkippedRow] = list(skipped or [])
+        self.source = source
+
+
+class RowError(ValueError):
+    """A row that cannot become a task; the message says why."""
+
+
+@dataclass
+class Spec:
+    kind: str
+    target: str
+    options: dict[str, str]
+
+
+KINDS = ("builtin", "gaia", "frames", "xbench", "swebench", "hotpotqa", "gsm8k", "jsonl")
+
+
+def parse_spec(spec: str) -> Spec:
+    body, _, query = spec.partition("?")
+    options = dict(parse_qsl(query, keep_blank_values=True))
+    kind, sep, target = body.partition(":")
+    if sep and kind in KINDS:
+        return Spec(kind, target, options)
+    return Spec("", body, options)
+
+
+def load_tasks(spec: str, split: str | None = None, limit: int | None = None, seed: int = 0,
+               quiet: bool = False) -> LoadedTasks:
+    """Load tasks named by `spec` (see the module docs). Skipped rows are printed unless quiet."""
+    parsed = parse_spec(spec)
+    if parsed.kind == "builtin":
+        from toolself.evals.suites import generate_suite
+
+        tasks = generate_suite(parsed.target, split or "heldout", n=limit, seed=seed, **parsed.options)
+        return LoadedTasks(tasks, [], spec)
+    path = Path(parsed.target).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"{spec}: no file or folder at {path}")
+    kind = parsed.kind or infer_kind(path)
+    loader = _LOADERS[kind]
+    skipped: list[SkippedRow] = []
+    tasks = loader(path, split, parsed.options, skipped)
+    if parsed.options.get("collection"):
+        collection = Path(parsed.options["collection"]).expanduser()
+        if not collection.exists():
+            raise FileNotFoundError(f"{spec}: no collection at {collection}")
+        for task in tasks:
+            if task.documents is None:
+                task.collection_path = collection
+    if _flag(parsed.options, "shuffle"):
+        random.Random(seed).shuffle(tasks)
+    if limit is not None:
+        tasks = tasks[:limit]
+    if skipped and not quiet:
+        _console.print(f"[yellow]{spec}: skipped {len(skipped)} malformed row(s)[/yellow]")
+        for row in skipped[:20]:
+            _console.print(f"  {row}", markup=False, highlight=False)
+        if len(skipped) > 20:
+            _console.print(f"  ... and {len(skipped) - 20} more", markup=False)
+    return LoadedTasks(tasks, skipped, spec)
+
+
+def _flag(options: dict[str, str], name: str) -> bool:
+    return options.get(name, "").lower() in ("1", "true", "yes", "on")
+
+
+# reading rows --------------------------------------------------------------------------------
+
+Row = tuple[int, dict[str, Any]]
+
+
+def _rows(path: Path, skipped: list[SkippedRow]) -> Iterator[Row]:
+    """(line, record) for JSONL, JSON (a list or {"data": [...]}), CSV, TSV or parquet.
+    For JSON lists the 'line' is the item's position (1-based); for CSV the record's first line."""
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        with path.open(encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    skipped.append(SkippedRow(str(path), number, f"not JSON: {exc.msg}"))
+                    continue
+                if not isinstance(record, dict):
+                    skipped.append(SkippedRow(str(path), number, f"a row must be a JSON object, not {type(record).__name__}"))
+                    continue
+                yield number, record
+    elif suffix == ".json":
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(data, dict):
+            data = next((v for v in data.values() if isinstance(v, list)), [data])
+        for number, record in enumerate(data, 1):
+            if not isinstance(record, dict):
+                skipped.append(SkippedRow(str(path), number, f"item must be a JSON object, not {type(record).__name__}"))
+                continue
+            yield number, record
+    elif suffix in (".csv", ".tsv"):
+        with path.open(encoding="utf-8-sig", newline="") as handle:
+            reader = csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ",")
+            while True:
+                line = reader.line_num + 1
+                try:
+                    record = next(reader)
+                except StopIteration:
+                    return
+                except csv.Error as exc:
+                    skipped.append(SkippedRow(str(path), line, f"not CSV: {exc}"))
+                    continue
+                if None in record:
+                    skipped.append(SkippedRow(str(path), line, "more fields than the header has"))
+                    continue
+                yield line, record
+    elif suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as exc:  # pragma: no cover - pyarrow comes with datasets
+            raise RuntimeError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from exc
+        for number, record in enumerate(pq.read_table(path).to_pylist(), 1):
+            yield number, record
+    else:
+        raise ValueError(f"{path}: unsupported file type {suffix!r} (use .jsonl, .json, .csv, .tsv or .parquet)")
+
+
+def _each(path: Path, skipped: list[SkippedRow], make: Callable[[int, dict[str, Any]], Task | None]) -> list[Task]:
+    tasks = []
+    for line, record in _rows(path, skipped):
+        try:
+            task = make(line, record)
+        except RowError as exc:
+            skipped.append(SkippedRow(str(path), line, str(exc)))
+            continue
+        if task is not None:
+            tasks.append(task)
+    return tasks
+
+
+def _require(record: dict[str, Any], *names: str) -> list[Any]:
+    values = []
+    for name in names:
+        value = record.get(name)
+        if value is None or (isinstance(value, str) and not value.strip()):
+            raise RowError(f"missing field {name!r}")
+        values.append(value)
+    return values
+
+
+def _split_name(path: Path, split: str | None) -> str:
+    if split:
+        return split
+    name = str(path).lower()
+    for candidate, label in (("validation", "validation"), ("dev", "validation"), ("train", "train"),
+                             ("test", "test")):
+        if candidate in Path(name).name or f"/{candidate}/" in name:
+            return label
+    return "test"
+
+
+# GAIA ----------------------------------------------------------------------------------------
+
+def load_gaia(path: Path, split: str | None, options: dict[str, str], skipped: list[SkippedRow]) -> list[Task]:
+    if path.is_dir():
+        candidates = [path / "metadata.jsonl", path / "metadata.parquet"]
+        found = next((c for c in candidates if c.exists()), None)
+        if found is None:
+            raise FileNotFoundError(f"{path}: no metadata.jsonl or metadata.parquet in this folder")
+        path = found
+    base = path.parent
+    split_name = _split_name(path, split)
+    level = options.get("level")
+    text_only = _flag(options, "text_only") or _flag(options, "ws")
+
+    def make(line: int, record: dict[str, Any]) -> Task | None:
+        task_id, question = _require(record, "task_id", "Question")
+        answer = record.get("Final answer")
+        if answer is None:
+            raise RowError("missing field 'Final answer'")
+        answer = str(answer)
+        file_name = (record.get("file_name") or "").strip()
+        if text_only and file_name:
+            return None
+        if level and str(record.get("Level")) != level:
+            return None
+        files = []
+        if file_name:
+            attachment = base / file_name
+            if not attachment.exists() and record.get("file_path"):
+                attachment = base / Path(record["file_path"]).name
+            if not attachment.exists():
+                raise RowError(f"attachment {file_name!r} not found next to {path.name}")
+            files.append(attachment)
+        text = question
+        if file_name:
+            text += f"\n\nThe attached file is in your workspace: {file_name}"
+        metadata = {"annotator": record.get("Annotator Metadata"), "file_name": file_name or None}
+        return Task(id=str(task_id), question=text, answer=None if answer == "?" else answer,
+                    level=record.get("Level"), family="gaia", split=split_name, metadata=metadata, files=files)
+
+    return _each(path, skipped, make)
+
+
+# FRAMES --------------------------------------------------------------------------------------
+
+def _literal_list(value: Any) -> list[str]:
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    if not value:
+        return []
+    try:
+        parsed = ast.literal_eval(str(value))
+    except (ValueError, SyntaxError) as exc:
+        raise RowError(f"wiki_links is not a list literal ({exc})") from None
+    if not isinstance(parsed, (list, tuple)):
+        raise RowError("wiki_links is not a list")
+    return [str(v) for v in parsed]
+
+
+def load_frames(path: Path, split: str | None, options: dict[str, str], skipped: list[SkippedRow]) -> list[Task]:
+    split_name = _split_name(path, split)
+
+    def make(line: int, record: dict[str, Any]) -> Task:
+        prompt, answer = _require(record, "Prompt", "Answer")
+        index = record.get("Unnamed: 0") or record.get("") or record.get("id") or str(line)
+        links = _literal_list(record.get("wiki_links"))
+        if not links:
+            links = [v for k, v in record.items() if k and k.startswith("wikipedia_link") and v]
+        reasoning = record.get("reasoning_types") or ""
+        return Task(id=f"frames-{index}", question=str(prompt).strip(), answer=str(answer).strip(),
+                    family="frames", split=split_name,
+                    metadata={"wiki_links": links, "reasoning_types": [r.strip() for r in str(reasoning).split("|") if r.strip()],
+                              "scorer": "judge"})
+
+    return _each(path, skipped, make)
+
+
+# xbench-DeepSearch ---------------------------------------------------------------------------
+
+def xbench_encrypt(plaintext: str, canary: str) -> str:
+    """The official scheme: the UTF-8 plaintext XOR-ed with the canary as a repeating key, in base64."""
+    key = canary.encode("utf-8")
+    data = plaintext.encode("utf-8")
+    return base64.b64encode(bytes(b ^ key[i % len(key)] for i, b in enumerate(data))).decode("ascii")
+
+
+def xbench_decrypt(ciphertext: str, canary: str) -> str:
+    key = canary.encode("utf-8")
+    if not key:
+        raise ValueError("empty canary")
+    data = base64.b64decode(ciphertext, validate=True)
+    return bytes(b ^ key[i % len(key)] for i, b in enumerate(data)).decode("utf-8")
+
+
+def load_xbench(path: Path, split: str | None, options: dict[str, str], skipped: list[SkippedRow]) -> list[Task]:
+    split_name = _split_name(path, split)
+
+    def make(line: int, record: dict[str, Any]) -> Task:
+        row_id, prompt, answer, canary = _require(record, "id", "prompt", "answer", "canary")
+        try:
+            question = xbench_decrypt(prompt, canary)
+            reference = xbench_decrypt(answer, canary)
+            steps = xbench_decrypt(record["reference_steps"], canary) if record.get("reference_steps") else None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RowError(f"cannot decrypt with the row's canary ({exc})") from None
+        return Task(id=f"xbench-{row_id}", question=question.strip(), answer=reference.strip(), family="xbench",
+                    split=split_name, metadata={"reference_steps": steps, "scorer": "judge"})
+
+    return _each(path, skipped, make)
+
+
+# SWE-bench -----------------------------------------------------------------------------------
+
+def _test_list(value: Any, name: str) -> list[str]:
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else value
+    except json.JSONDecodeError as exc:
+        raise RowError(f"{name} is not a JSON-encoded list ({exc.msg})") from None
+    if not isinstance(parsed, list):
+        raise RowError(f"{name} is not a list")
+    return [str(v) for v in parsed]
+
+
+def test_command(tests: list[str], template: str | None = None) -> str:
+    """A shell command running these SWE-bench test ids, picking the runner from their shape:
+    pytest node ids (`path::name`), Django-style `name (module.Class)`, or bare names."""
+    if template:
+        return template.replace("{tests}", " ".join(shlex.quote(t) for t in tests))
+    if all("::" in t or t.endswith(".py") for t in tests):
+        return "python -m pytest -q -p no:cacheprovider " + " ".join(shlex.quote(t) for t in tests)
+    dotted = []
+    for t in tests:
+        if "(" in t and t.rstrip().endswith(")"):
+            name, _, owner = t.rstrip()[:-1].partition("(")
+            dotted.append(f"{owner.strip()}.{name.strip()}")
+        else:
+            dotted = []
+            break
+    if dotted:
+        names = " ".join(shlex.quote(d) for d in dotted)
+        return (f"if [ -f tests/runtests.py ]; then python tests/runtests.py --verbosity 1 {names}; "
+                f"else python -m unittest {names}; fi")
+    return "python -m pytest -q -p no:cacheprovider -k " + shlex.quote(" or ".join(tests))
+
+
+@dataclass
+class SweBenchSetup:
+    """Checks out `base_commit` of a local clone into the workspace and applies the test patch.
+
+    `git clone --shared` borrows the clone's objects instead of copying them and registers
+    nothing in the source clone, so deleting the workspace leaves no trace there."""
+
+    clone: Path | None
+    base_commit: str
+    test_patch: str
+    instance_id: str
+
+    def __call__(self, workspace: Path) -> None:
+        if self.clone is None:
+            raise ValueError(f"{self.instance_id}: SWE-bench tasks need a local clone: add ?repo=PATH to the spec")
+
+        def git(*args: str, input: str | None = None) -> None:
+            result = subprocess.run(["git", *args], cwd=workspace, input=input, text=True, capture_output=True)
+            if result.returncode != 0:
+                raise RuntimeError(f"{self.instance_id}: git {' '.join(args[:2])} failed: {result.stderr.strip()[-500:]}")
+
+        git("clone", "--quiet", "--shared", "--no-checkout", str(self.clone), ".")
+        git("-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", self.base_commit)
+        if self.test_patch.strip():
+            git("apply", "--whitespace=nowarn", "-", input=self.test_patch)
+
+
+def _find_clone(root: Path | None, repo: str) -> Path | None:
+    if root is None:
+        return None
+    if (root / ".git").exists():
+        return root
+    owner, _, name = repo.partition("/")
+    for candidate in (root / repo.replace("/", "__"), root / name, root / owner / name):
+        if (candidate / ".git").exists():
+            return candidate
+    return None
+
+
+def load_swebench(path: Path, split: str | None, options: dict[str, str], skipped: list[SkippedRow]) -> list[Task]:
+    split_name = _split_name(path, split)
+    root = Path(options["repo"]).expanduser().resolve() if options.get("repo") else None
+    if root is not None and not root.exists():
+        raise FileNotFoundError(f"{path}: no clone at {root}")
+    template = options.get("test_cmd")
+
+    def make(line: int, record: dict[str, Any]) -> Task:
+        instance_id, repo, base_commit, problem = _require(record, "instance_id", "repo", "base_commit", "problem_statement")
+        fail_to_pass = _test_list(record.get("FAIL_TO_PASS", "[]"), "FAIL_TO_PASS")
+        pass_to_pass = _test_list(record.get("PASS_TO_PASS", "[]"), "PASS_TO_PASS")
+        if not fail_to_pass:
+            raise RowError("FAIL_TO_PASS is empty")
+        clone = _find_clone(root, str(repo))
+        if root is not None and clone is None:
+            raise RowError(f"no clone of {repo} under {root}")
+        question = (f"Resolve this issue in the repository {repo} (checked out in your workspace):\n\n"
+                    f"{str(problem).strip()}")
+        return Task(id=str(instance_id), question=question, answer=None, family="swebench", split=split_name,
+                    metadata={"repo": repo, "base_commit": base_commit, "FAIL_TO_PASS": fail_to_pass,
+                              "PASS_TO_PASS": pass_to_pass, "version": record.get("version"),
+                              "gold_patch": record.get("patch"), "scorer": "tests"},
+                    setup=SweBenchSetup(clone, str(base_commit), str(record.get("test_patch") or ""), str(instance_id)),
+                    check_command=test_command(fail_to_pass + pass_to_pass, template), check_timeout=900.0)
+
+    return _each(path, skipped, make)
+
+
+# HotpotQA ------------------------------------------------------------------------------------
+
+def _unique_locator(title: str, seen: set[str]) -> str:
+    locator, n = title, 2
+    while locator in seen:
+        locator = f"{title} ({n})"
+        n += 1
+    seen.add(locator)
+    return locator
+
+
+def load_hotpotqa(path: Path, split: str | None, options: dict[str, str], skipped: list[SkippedRow]) -> list[Task]:
+    split_name = _split_name(path, split)
+
+    def make(line: int, record: dict[str, Any]) -> Task:
+        seen: set[str] = set()
+        documents = []
+        supporting: list[str] = []
+        if "contexts" in record:  # the processed form: question_text, answers_objects, contexts
+            qid, question, answers, contexts = _require(record, "question_id", "question_text", "answers_objects", "contexts")
+            spans = [s for a in answers for s in (a.get("spans") or []) if s]
+            if not spans:
+                raise RowError("answers_objects has no answer span")
+            answer = spans[0]
+            for paragraph in contexts:
+                title = str(paragraph.get("title") or "untitled")
+                locator = _unique_locator(title, seen)
+                documents.append({"id": locator, "title": title, "text": str(paragraph.get("paragraph_text", ""))})
+                if paragraph.get("is_supporting"):
+                    supporting.append(locator)
+            level = record.get("level")
+        else:  # the original form: _id, question, answer, context [[title, [sentences]]]
+            qid, question, answer, context = _require(record, "_id", "question", "answer", "context")
+            facts = {title for title, _ in record.get("supporting_facts") or []}
+            for item in context:
+                if not (isinstance(item, (list, tuple)) and len(item) == 2):
+                    raise RowError("context items must be [title, sentences]")
+                title, sentences = item
+                locator = _unique_locator(str(title), seen)
+                documents.append({"id": locator, "title": str(title), "text": "".join(sentences)})
+                if title in facts:
+                    supporting.append(locator)
+            level = record.get("level")
+        if not documents:
+            raise RowError("no context paragraphs")
+        return Task(id=str(qid), question=str(question).strip(), answer=str(answer).strip(), level=level,
+                    family="hotpotqa", split=split_name, documents=documents,
+                    metadata={"supporting": supporting, "type": record.get("type")})
+
+    return _each(path, skipped, make)
+
+
+# GSM8K and plain JSONL -----------------------------------------------------------------------
+
+def load_gsm8k(path: Path, split: str | None, options: dict[str, str], skipped: list[SkippedRow]) -> list[Task]:
+    split_name = _split_name(path, split)
+
+    def make(line: int, record: dict[str, Any]) -> Task:
+        question, solution = _require(record, "question", "answer")
+        if "####" not in str(solution):
+            raise RowError("answer has no '####' final answer")
+        final = str(solution).rsplit("####", 1)[1].strip().replace(",", "")
+        if not final:
+            raise RowError("nothing after '####'")
+        return Task(id=str(record.get("id") or f"gsm8k-{line}"), question=str(question).strip(), answer=final,
+                    family="gsm8k", split=split_name, metadata={"solution": solution})
+
+    return _each(path, skipped, make)
+
+
+def load_jsonl(path: Path, split: str | None, options: dict[str, str], skipped: list[SkippedRow]) -> list[Task]:
+    split_name = _split_name(path, split)
+
+    def make(line: int, record: dict[str, Any]) -> Task:
+        (question,) = _require(record, "question")
+        answer = record.get("answer")
+        check = record.get("check_command")
+        if answer is None and not check:
+            raise RowError("needs 'answer' (or 'check_command')")
+        metadata = dict(record.get("metadata") or {})
+        if record.get("scorer"):
+            metadata["scorer"] = record["scorer"]
+        files = [(path.parent / f) for f in record.get("files") or []]
+        for file in files:
+            if not file.exists():
+                raise RowError(f"file {file.name!r} not found next to {path.name}")
+        return Task(id=str(record.get("id") or f"{path.stem}-{line}"), question=str(question).strip(),
+                    answer=None if answer is None else str(answer), level=record.get("level"), family="jsonl",
+                    split=str(record.get("split") or split_name), metadata=metadata, files=files,
+                    check_command=check)
+
+    return _each(path, skipped, make)
+
+
+_LOADERS: dict[str, Callable[[Path, str | None, dict[str, str], list[SkippedRow]], list[Task]]] = {
+    "gaia": load_gaia, "frames": load_frames, "xbench": load_xbench, "swebench": load_swebench,
+    "hotpotqa": load_hotpotqa, "gsm8k": load_gsm8k, "jsonl": load_jsonl,
+}
+
+
+def infer_kind(path: Path) -> str:
+    """The format of a file from its first row; an error naming the candidates when unsure."""
+    if path.is_dir():
+        if (path / "metadata.jsonl").exists() or (path / "metadata.parquet").exists():
+            return "gaia"
+        raise ValueError(f"{path}: a folder is read as GAIA only when it holds metadata.jsonl; add a prefix")
+    if path.name.startswith("metadata.") and path.suffix in (".jsonl", ".parquet"):
+        return "gaia"
+    first = next(_rows(path, []), None)
+    if first is None:
+        raise ValueError(f"{path}: no readable rows to infer the format from; add a prefix such as jsonl:")
+    keys = set(first[1])
+    if {"prompt", "answer", "canary"} <= keys:
+        return "xbench"
+    if {"Prompt", "Answer"} <= keys:
+        return "frames"
+    if {"instance_id", "base_commit"} <= keys:
+        return "swebench"
+    if {"Question", "Final answer"} <= keys:
+        return "gaia"
+    if {"question_text", "contexts"} <= keys or {"question", "context", "supporting_facts"} <= keys:
+        return "hotpotqa"
+    if {"question", "answer"} <= keys:
+        return "gsm8k" if "####" in str(first[1]["answer"]) else "jsonl"
+    raise ValueError(f"{path}: cannot tell the format from the fields {sorted(keys)}; "
+                     f"prefix the path with one of {', '.join(k + ':' for k in KINDS if k != 'builtin')}")
