@@ -142,7 +142,10 @@ def test_acomplete_requests_run_concurrently():
     scripted = ScriptedModel([], default=slow)
 
     async def four(model: OpenAIModel):
-        return await asyncio.gather(*(model.acomplete(user(str(i))) for i in range(4)))
+        try:
+            return await asyncio.gather(*(model.acomplete(user(str(i))) for i in range(4)))
+        finally:
+            await model.aclose()
 
     with serving(scripted) as url:
         model = fast_client(url)
@@ -153,12 +156,19 @@ def test_acomplete_requests_run_concurrently():
     assert elapsed < 1.0, f"four 0.3 s calls took {elapsed:.2f} s: they did not overlap"
 
 
+async def complete_once(model: OpenAIModel, messages: list[Message]):
+    try:
+        return await model.acomplete(messages)
+    finally:
+        await model.aclose()
+
+
 def test_acomplete_works_across_event_loops():
     scripted = ScriptedModel([], default="ok")
     with serving(scripted) as url:
         model = fast_client(url)
-        assert asyncio.run(model.acomplete(user("a"))).text == "ok"
-        assert asyncio.run(model.acomplete(user("b"))).text == "ok"
+        assert asyncio.run(complete_once(model, user("a"))).text == "ok"
+        assert asyncio.run(complete_once(model, user("b"))).text == "ok"
 
 
 # -- fault-injecting servers ----------------------------------------------------------------
@@ -252,7 +262,7 @@ def test_permanent_server_error_raises_model_error_in_async_path():
     app = fault_app(status(502))
     with running_server(app) as base:
         with pytest.raises(ModelError, match="after 2 attempts"):
-            asyncio.run(fast_client(base + "/v1", max_retries=1).acomplete(user("hi")))
+            asyncio.run(complete_once(fast_client(base + "/v1", max_retries=1), user("hi")))
     assert len(app.state.requests) == 2
 
 

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from http_fixtures import serving
+from http_fixtures import running_server, serving
 from toolself.models.base import Completion, Message, SyncModelBase, ToolCall, Usage
 from toolself.models.scripted import ScriptedModel, call
 from toolself.serve import create_app
@@ -200,9 +200,9 @@ def test_concurrent_requests_to_a_blocking_model_overlap_beyond_the_cpu_count():
 def test_streaming_is_read_by_the_openai_sdk():
     scripted = ScriptedModel([call("search", query="streamed")])
     with serving(scripted) as url:
-        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
-        chunks = list(client.chat.completions.create(model="m", messages=HELLO, tools=[SEARCH], stream=True,
-                                                     stream_options={"include_usage": True}))
+        with openai.OpenAI(base_url=url, api_key="x", max_retries=0) as client:
+            chunks = list(client.chat.completions.create(model="m", messages=HELLO, tools=[SEARCH], stream=True,
+                                                         stream_options={"include_usage": True}))
     calls = [c for chunk in chunks for choice in chunk.choices for c in choice.delta.tool_calls or []]
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("search", {"query": "streamed"})]
     assert chunks[-2].choices[0].finish_reason == "tool_calls"
@@ -211,8 +211,6 @@ def test_streaming_is_read_by_the_openai_sdk():
 
 def test_app_lists_a_served_name_when_given():
     app = create_app(RecordingModel(), served_name="Qwen/Qwen3-8B")
-    from http_fixtures import running_server
-
     with running_server(app) as base:
         assert httpx.get(base + "/v1/models").json()["data"][0]["id"] == "Qwen/Qwen3-8B"
 

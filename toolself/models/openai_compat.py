@@ -254,6 +254,12 @@ class OpenAIModel:
             self._client.close()
             self._client = None
 
+    async def aclose(self) -> None:
+        """Release the HTTP connections the async path opened on the running event loop."""
+        client = self._async_clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.close()
+
     # -- clients ---------------------------------------------------------------------------
 
     def _client_options(self) -> dict[str, Any]:
