@@ -1,0 +1,654 @@
+"""Process-level containment shared by `code_interpreter` and `execute_bash`.
+
+The model (or whoever wrote the text it read) chooses the code these tools run, so each
+attempt's processes get:
+
+- their own session and process group, so that a timeout kills the whole group and every
+  descendant found in /proc, not only the direct child;
+- resource limits set by the child on itself before any untrusted code runs: address space
+  (a 10 GB allocation fails with MemoryError), CPU seconds, file size, and process count;
+- a scrubbed environment (no API keys or tokens of the host; HOME is the workspace);
+- when the host process runs as root: a dedicated, otherwise unused numeric uid for the
+  attempt. Root ignores RLIMIT_NPROC and may write anywhere; the attempt's uid cannot write
+  outside its workspace (except world-writable folders such as /tmp), cannot read other
+  attempts' workspaces, is really held to its process limit (a fork bomb stops there), and
+  every process it started can be found and killed by uid at the end, including ones that
+  left the process group.
+
+What remains possible is written down in docs/security.md: this is not a container.
+Output is captured per call through pipes with an end-of-call marker and capped, keeping the
+head and the tail and saying how much was cut.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import resource
+import secrets
+import shutil
+import signal
+import site
+import stat
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+UID_BASE = 1_500_000_000
+UID_SPAN = 500_000_000
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-call and per-process limits. Read from the environment (TOOLSELF_TOOL_*) unless an
+    attempt puts its own `Limits` in `ToolContext.resources["limits"]`."""
+
+    timeout_s: float = 60.0
+    memory_bytes: int = 4 << 30
+    cpu_seconds: int = 3600
+    processes: int = 256
+    file_bytes: int = 1 << 30
+    output_chars: int = 16_000
+
+    @classmethod
+    def from_env(cls) -> "Limits":
+        env = os.environ
+        base = cls()
+        return cls(
+            timeout_s=float(env.get("TOOLSELF_TOOL_TIMEOUT", base.timeout_s)),
+            memory_bytes=int(float(env.get("TOOLSELF_TOOL_MEMORY_MB", base.memory_bytes >> 20))) << 20,
+            cpu_seconds=int(env.get("TOOLSELF_TOOL_CPU_S", base.cpu_seconds)),
+            processes=int(env.get("TOOLSELF_TOOL_PROCESSES", base.processes)),
+            file_bytes=int(float(env.get("TOOLSELF_TOOL_FILE_MB", base.file_bytes >> 20))) << 20,
+            output_chars=int(env.get("TOOLSELF_TOOL_OUTPUT_CHARS", base.output_chars)),
+        )
+
+
+def limits_for(ctx: Any) -> Limits:
+    limits = getattr(ctx, "resources", {}).get("limits") if ctx is not None else None
+    return limits if isinstance(limits, Limits) else Limits.from_env()
+
+
+# /proc -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    ppid: int
+    pgrp: int
+    uid: int
+    state: str
+
+
+def processes() -> list[ProcInfo]:
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                raw = handle.read().decode(errors="replace")
+            uid = os.stat(f"/proc/{name}").st_uid
+        except OSError:
+            continue
+        fields = raw[raw.rfind(")") + 2:].split()
+        out.append(ProcInfo(int(name), int(fields[1]), int(fields[2]), uid, fields[0]))
+    return out
+
+
+def descendants(root_pid: int, pgid: int | None = None) -> list[int]:
+    """The process, its group and everything descended from either, from one /proc scan."""
+    table = processes()
+    children: dict[int, list[int]] = {}
+    for p in table:
+        children.setdefault(p.ppid, []).append(p.pid)
+    found = {root_pid} | {p.pid for p in table if pgid is not None and p.pgrp == pgid}
+    stack = list(found)
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    alive = {p.pid for p in table if p.state != "Z"}
+    return sorted(found & alive)
+
+
+def kill_pids(pids_fn, rounds: int = 50) -> None:
+    """SIGKILL until the set is empty: a fork loop may add processes between scans."""
+    for _ in range(rounds):
+        pids = pids_fn()
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.01)
+    log.warning("processes still alive after %d kill rounds: %s", rounds, pids_fn())
+
+
+# the attempt's identity ------------------------------------------------------------------
+
+def _world_reachable(path: Path, *, need_read: bool = True) -> bool:
+    """Whether a user with no ownership or group membership can reach (and read) `path`."""
+    path = path.resolve()
+    try:
+        for parent in list(path.parents)[::-1]:
+            if not os.stat(parent).st_mode & stat.S_IXOTH:
+                return False
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    if stat.S_ISDIR(mode):
+        return bool(mode & stat.S_IXOTH) and (not need_read or bool(mode & stat.S_IROTH))
+    return not need_read or bool(mode & stat.S_IROTH)
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """The sandbox's Python: `bin_dir` goes first on PATH so that `python` in the shell is it."""
+
+    executable: str
+    site_dirs: tuple[str, ...] = ()
+    bin_dir: str = ""
+
+
+def _python_shims(executable: str) -> str:
+    """A root-owned, world-readable folder whose `python` and `python3` point at `executable`."""
+    import hashlib
+    import tempfile
+
+    folder = Path(tempfile.gettempdir()) / f"toolself-python-{hashlib.sha256(executable.encode()).hexdigest()[:12]}"
+    if not (folder / "python").exists():
+        tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+        for name in ("python", "python3"):
+            os.symlink(executable, tmp / name)
+        tmp.chmod(0o755)
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another process made it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(folder)
+
+
+def _site_dirs() -> list[str]:
+    dirs = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE and site.getusersitepackages():
+        dirs.append(site.getusersitepackages())
+    return [d for d in dirs if os.path.isdir(d)]
+
+
+def find_interpreter(unprivileged: bool) -> Interpreter | None:
+    """The Python the sandbox runs. Our own when the sandbox user can reach it; otherwise a
+    system Python of the same minor version (same C ABI) given our site-packages, because a
+    virtual environment built on an interpreter under a private home is common."""
+    own = Interpreter(sys.executable, bin_dir=str(Path(sys.executable).parent))
+    if not unprivileged:
+        return own
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    if _world_reachable(Path(sys.executable)) and _world_reachable(stdlib):
+        return own
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for candidate in (f"/usr/bin/python{version}", f"/usr/local/bin/python{version}"):
+        if os.access(candidate, os.X_OK) and _world_reachable(Path(candidate)):
+            sites = tuple(d for d in _site_dirs() if _world_reachable(Path(d)))
+            return Interpreter(candidate, sites, _python_shims(candidate))
+    return None
+
+
+def _free_uid() -> int:
+    used = {p.uid for p in processes()}
+    while True:
+        uid = UID_BASE + secrets.randbelow(UID_SPAN)
+        if uid not in used:
+            return uid
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    os.lchown(root, uid, gid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            try:
+                os.lchown(os.path.join(dirpath, name), uid, gid)
+            except OSError:
+                pass
+
+
+class SandboxUser:
+    """Who an attempt's processes run as, and the power to stop all of them.
+
+    One per attempt (kept in `ToolContext.resources`), shared by its Python and bash
+    sessions so that both can write the workspace. `close()` kills whatever is left and gives
+    the workspace back to its original owner.
+    """
+
+    def __init__(self, workspace: Path, uid: int | None = None, note: str = "",
+                 interpreter: Interpreter | None = None):
+        self.workspace = Path(workspace)
+        self.uid = uid
+        self.gid = uid
+        self.note = note
+        self.interpreter = interpreter or find_interpreter(unprivileged=False)
+        self._owner: tuple[int, int] | None = None
+
+    @classmethod
+    def for_context(cls, ctx: Any) -> "SandboxUser":
+        user = ctx.resources.get("sandbox_user")
+        if user is None:
+            user = cls.create(Path(ctx.workspace))
+            ctx.resources["sandbox_user"] = user
+        return user
+
+    @classmethod
+    def create(cls, workspace: Path, mode: str | None = None) -> "SandboxUser":
+        mode = (mode or os.environ.get("TOOLSELF_SANDBOX_USER", "auto")).lower()
+        workspace = Path(workspace).resolve()
+        workspace.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() != 0:
+            return cls(workspace, note="the sandbox runs as the current (non-root) user")
+        if mode in {"none", "off", "root"}:
+            return cls(workspace, note="TOOLSELF_SANDBOX_USER=none: tool processes run as root, uncontained")
+        if not _world_reachable(workspace.parent, need_read=False):
+            return cls(workspace, note=f"tool processes run as root: an unprivileged user cannot reach {workspace.parent} "
+                                       "(put workspaces under a world-traversable folder such as /tmp)")
+        interpreter = find_interpreter(unprivileged=True)
+        if interpreter is None:
+            return cls(workspace, note="tool processes run as root: no Python reachable by an unprivileged user")
+        uid = _free_uid()
+        user = cls(workspace, uid, interpreter=interpreter)
+        st = workspace.stat()
+        user._owner = (st.st_uid, st.st_gid)
+        _chown_tree(workspace, uid, uid)
+        os.chmod(workspace, 0o700)
+        return user
+
+    @property
+    def dedicated(self) -> bool:
+        return self.uid is not None
+
+    def popen_identity(self) -> dict[str, Any]:
+        if self.uid is None:
+            return {}
+        return {"user": self.uid, "group": self.gid, "extra_groups": []}
+
+    def adopt(self, path: Path) -> None:
+        """Hand a file created by the host (the editor) to the sandbox user, so its code can edit it."""
+        if self.uid is None:
+            return
+        try:
+            os.lchown(path, self.uid, self.gid)
+        except OSError:
+            pass
+
+    def members(self, include_zombies: bool = False) -> list[int]:
+        if self.uid is None:
+            return []
+        return [p.pid for p in processes() if p.uid == self.uid and (include_zombies or p.state != "Z")]
+
+    def kill_all(self) -> None:
+        if self.uid is None:
+            return
+        pid = os.fork()
+        if pid == 0:  # as the sandbox uid, kill(-1) reaches exactly its processes, atomically
+            try:
+                os.setgid(self.gid)
+                os.setuid(self.uid)
+                os.kill(-1, signal.SIGKILL)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        kill_pids(self.members)
+
+    def renew(self) -> None:
+        """Kill everything and move to a fresh uid. Needed after a fork loop: orphans are
+        reparented to PID 1, and where PID 1 does not reap (many containers), their zombies
+        keep counting against the old uid's process limit forever."""
+        self.kill_all()
+        if self.uid is None:
+            return
+        self.uid = self.gid = _free_uid()
+        _chown_tree(self.workspace, self.uid, self.gid)
+
+    def close(self) -> None:
+        self.kill_all()
+        if self._owner is not None and self.workspace.exists():
+            _chown_tree(self.workspace, *self._owner)
+            self._owner = None
+
+
+def scrubbed_env(workspace: Path, interpreter: Interpreter, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Only what a program needs to run; nothing of the host's secrets."""
+    env = {
+        "PATH": f"{interpreter.bin_dir}:{SAFE_PATH}" if interpreter.bin_dir else SAFE_PATH,
+        "HOME": str(workspace),
+        "USER": "sandbox",
+        "LOGNAME": "sandbox",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TERM": "dumb",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "MPLBACKEND": "Agg",
+        "PAGER": "cat",
+        "GIT_PAGER": "cat",
+    }
+    if interpreter.site_dirs:  # a substituted system Python still sees the environment's packages
+        env["PYTHONPATH"] = os.pathsep.join(interpreter.site_dirs)
+    env.update(extra or {})
+    return env
+
+
+def rlimits(limits: Limits, user: SandboxUser) -> dict[str, list[int]]:
+    out = {
+        "RLIMIT_AS": [limits.memory_bytes, limits.memory_bytes],
+        "RLIMIT_CPU": [limits.cpu_seconds, limits.cpu_seconds + 5],
+        "RLIMIT_FSIZE": [limits.file_bytes, limits.file_bytes],
+        "RLIMIT_CORE": [0, 0],
+    }
+    if user.dedicated:
+        out["RLIMIT_NPROC"] = [limits.processes, limits.processes]
+    elif os.geteuid() != 0:  # counted over all of this user's processes, so leave room for them
+        mine = sum(1 for p in processes() if p.uid == os.getuid())
+        out["RLIMIT_NPROC"] = [mine + limits.processes, mine + limits.processes]
+    return out
+
+
+# Run first by every sandboxed child, before anything the model wrote.
+LIMITS_PRELUDE = r"""
+import os, json, resource
+for _n, (_s, _h) in json.loads(os.environ.pop("TOOLSELF_RLIMITS")).items():
+    _cs, _ch = resource.getrlimit(getattr(resource, _n))
+    _h = _h if _ch == resource.RLIM_INFINITY else min(_h, _ch)
+    resource.setrlimit(getattr(resource, _n), (min(_s, _h), _h))
+del _n, _s, _h, _cs, _ch
+"""
+
+
+# output capture ----------------------------------------------------------------------------
+
+class Capture:
+    """One stream of one call: the head and the tail kept, the middle counted."""
+
+    def __init__(self, cap_chars: int):
+        self.head_cap = max(64, cap_chars * 3 // 4)
+        self.tail_cap = max(64, cap_chars - self.head_cap)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.head_cap - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            if len(self.tail) > self.tail_cap:
+                del self.tail[: len(self.tail) - self.tail_cap]
+
+    @property
+    def cut(self) -> int:
+        return self.total - len(self.head) - len(self.tail)
+
+    def text(self) -> str:
+        head = self.head.decode("utf-8", errors="replace")
+        if not self.tail:
+            return head
+        tail = self.tail.decode("utf-8", errors="replace")
+        if self.cut <= 0:
+            return (self.head + self.tail).decode("utf-8", errors="replace")
+        return f"{head}\n[... {self.cut:,} bytes of output cut ({self.total:,} in all) ...]\n{tail}"
+
+
+class _Stream:
+    """Reads one pipe in a thread (which owns the descriptor and closes it at end of file)
+    and files bytes under the current call until the end-of-call marker; what arrives after
+    the marker (a background job still printing) is shown with the next call."""
+
+    def __init__(self, fd: int, marker: bytes, cap_chars: int):
+        self.fd = fd
+        self.marker = marker
+        self.cap_chars = cap_chars
+        self.lock = threading.Lock()
+        self.capture = Capture(cap_chars)
+        self.between = Capture(cap_chars)
+        self.ended = threading.Event()
+        self.closed = threading.Event()
+        self._carry = b""
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def begin(self) -> None:
+        with self.lock:
+            self.capture = Capture(self.cap_chars)
+            if self.between.total:
+                self.capture.add(self.between.text().encode())
+            self.between = Capture(self.cap_chars)
+            self.ended.clear()
+
+    def _target(self) -> Capture:
+        return self.between if self.ended.is_set() else self.capture
+
+    def _pump(self) -> None:
+        keep = len(self.marker) - 1
+        while True:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except OSError:
+                data = b""
+            with self.lock:
+                if not data:
+                    if self._carry:
+                        self._target().add(self._carry)
+                        self._carry = b""
+                    os.close(self.fd)
+                    self.closed.set()
+                    self.ended.set()
+                    return
+                data = self._carry + data
+                while (at := data.find(self.marker)) >= 0:
+                    self._target().add(data[:at])
+                    self.ended.set()
+                    data = data[at + len(self.marker):]
+                if len(data) > keep:
+                    self._target().add(data[:-keep])
+                    data = data[-keep:]
+                self._carry = data
+
+
+@dataclass
+class CallResult:
+    """What a sandboxed call produced. `status`: ok | timeout | died | processes."""
+
+    status: str
+    reply: str | None = None
+    stdout: str = ""
+    stderr: str = ""
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+class SandboxedProcess:
+    """A long-lived child (a Python REPL or a bash) driven one request at a time.
+
+    The child reads requests from one pipe and writes one reply line per request to another;
+    its stdout and stderr are captured per call. A call that outlives its timeout, trips the
+    process limit, or whose child dies, ends with every process of the session killed; the
+    next call starts a fresh child and says so.
+    """
+
+    def __init__(self, name: str, argv: list[str], user: SandboxUser, limits: Limits,
+                 extra_env: dict[str, str] | None = None):
+        self.name = name
+        self.argv = argv
+        self.user = user
+        self.limits = limits
+        self.extra_env = extra_env or {}
+        self.proc: subprocess.Popen | None = None
+        self.pending_notes: list[str] = []
+        self.started_once = False
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        self.marker = b"\x1e\x1f" + secrets.token_hex(8).encode() + b"\x1f\n"
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        env = scrubbed_env(self.user.workspace, self.user.interpreter, {
+            **self.extra_env,
+            "TOOLSELF_CTL_IN": str(to_child_r),
+            "TOOLSELF_CTL_OUT": str(from_child_w),
+            "TOOLSELF_MARK": self.marker.decode(),
+            "TOOLSELF_RLIMITS": json.dumps(rlimits(self.limits, self.user)),
+        })
+        try:
+            self.proc = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+                pass_fds=(to_child_r, from_child_w), cwd=self.user.workspace, env=env,
+                start_new_session=True, bufsize=0, **self.user.popen_identity(),
+            )
+        except BaseException:
+            for fd in (to_child_w, from_child_r, out_r, err_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (to_child_r, from_child_w, out_w, err_w):
+                os.close(fd)
+        self._ctl_w = os.fdopen(to_child_w, "wb", buffering=0)
+        self._replies: queue.Queue[str | None] = queue.Queue()
+        self._ctl_r = os.fdopen(from_child_r, "rb", buffering=0)
+        threading.Thread(target=self._read_replies, args=(self._ctl_r, self._replies), daemon=True).start()
+        self.stdout = _Stream(out_r, self.marker, self.limits.output_chars)
+        self.stderr = _Stream(err_r, self.marker, max(2000, self.limits.output_chars // 2))
+        if self.started_once:
+            self.pending_notes.append(f"a fresh {self.name} was started; earlier state (variables, working directory) is gone")
+        self.started_once = True
+
+    @staticmethod
+    def _read_replies(handle, replies: "queue.Queue[str | None]") -> None:
+        buffer = b""
+        while True:
+            try:
+                data = handle.read(1 << 16)
+            except (OSError, ValueError):
+                data = b""
+            if not data:
+                replies.put(None)
+                handle.close()
+                return
+            buffer += data
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                replies.put(line.decode("utf-8", errors="replace"))
+
+    def call(self, request: bytes, timeout_s: float | None = None) -> CallResult:
+        timeout_s = self.limits.timeout_s if timeout_s is None else timeout_s
+        notes: list[str] = []
+        if self.user.dedicated and len(self.user.members(include_zombies=True)) >= self.limits.processes - 2:
+            self._process_limit_hit(notes)
+        if not self.alive:
+            if self.proc is not None:
+                self.kill()
+            self.start()
+        notes += self.pending_notes
+        self.pending_notes = []
+        self.stdout.begin()
+        self.stderr.begin()
+        start = time.perf_counter()
+        try:
+            self._ctl_w.write(request)
+        except (BrokenPipeError, OSError):
+            self.kill()
+            return CallResult("died", notes=notes + [f"the {self.name} was not running; try again"])
+        deadline = start + timeout_s
+        next_check = start + 0.5
+        status, reply = "ok", None
+        while True:
+            now = time.perf_counter()
+            if now >= deadline:
+                status = "timeout"
+                break
+            try:
+                reply = self._replies.get(timeout=min(0.25, deadline - now))
+            except queue.Empty:
+                if self.user.dedicated and time.perf_counter() >= next_check:
+                    next_check += 0.5
+                    if len(self.user.members(include_zombies=True)) >= self.limits.processes - 2:
+                        status = "processes"
+                        break
+                continue
+            if reply is None:
+                status = "died"
+            break
+        if status == "ok":
+            self.stdout.ended.wait(1.0)
+            self.stderr.ended.wait(1.0)
+        result = CallResult(status, reply, seconds=time.perf_counter() - start, notes=notes)
+        if status == "timeout":
+            self.kill()
+            result.notes.append(f"timed out after {timeout_s:g} s: every process of the {self.name} was killed "
+                                f"and its state was lost; the next call starts a fresh {self.name}")
+        elif status == "processes":
+            self._process_limit_hit(result.notes)
+        elif status == "died":
+            code = self.proc.wait(timeout=5) if self.proc else None
+            self.kill()
+            why = f"signal {-code}" if code is not None and code < 0 else f"exit status {code}"
+            result.notes.append(f"the {self.name} exited ({why}); its state was lost and the next call starts a fresh one")
+        result.stdout = self.stdout.capture.text()
+        result.stderr = self.stderr.capture.text()
+        return result
+
+    def _process_limit_hit(self, notes: list[str]) -> None:
+        self.kill()
+        self.user.renew()
+        notes.append(f"the task reached its limit of {self.limits.processes} processes (a fork loop?): all of "
+                     "its processes were killed and its state was lost")
+
+    def kill(self) -> None:
+        """Kill the child's process group and every descendant, then reap the child."""
+        proc = self.proc
+        if proc is None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        kill_pids(lambda: descendants(proc.pid, proc.pid))
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        for stream in (getattr(self, "stdout", None), getattr(self, "stderr", None)):
+            if stream is not None:
+                stream.closed.wait(1.0)
+        try:
+            self._ctl_w.close()
+        except OSError:
+            pass
+        self.proc = None
+
+    def close(self) -> None:
+        self.kill()
+
+
+def with_limits(ctx: Any, **changes: Any) -> Limits:
+    """Convenience for tests and runners: set this attempt's limits."""
+    limits = replace(limits_for(ctx), **changes)
+    ctx.resources["limits"] = limits
+    return limits
