@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,6 +18,7 @@ import pytest
 
 from http_fixtures import running_server, serving
 from toolself.models.base import Completion, Message, SyncModelBase, ToolCall, Usage
+from toolself.models.openai_compat import OpenAIModel
 from toolself.models.scripted import ScriptedModel, call
 from toolself.serve import create_app
 
@@ -225,3 +231,38 @@ def test_loopback_fixture_answers_keep_alive_requests_without_delayed_acks():
             client.get(url + "/models")
         elapsed = time.perf_counter() - start
     assert elapsed < 0.4, f"20 keep-alive requests took {elapsed:.2f} s"
+
+
+@pytest.mark.slow  # a fresh interpreter importing openai and starlette: 2-6 s on 2 busy cores
+def test_the_serve_command_serves_a_model_spec_as_a_subprocess():
+    # `toolself serve --model openai:...@URL` is a proxy: here to another server on loopback.
+    upstream = ScriptedModel([call("search", query="via the proxy")])
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    with serving(upstream) as upstream_url:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "toolself", "serve", "--model", f"openai:upstream@{upstream_url}",
+             "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert process.poll() is None, process.communicate()[0]
+                assert time.monotonic() < deadline, "toolself serve did not come up"
+                time.sleep(0.05)
+            proxy = OpenAIModel("any", f"http://127.0.0.1:{port}/v1", max_retries=0, timeout=10)
+            completion = proxy.complete([Message("user", "find it")], tools=[SEARCH])
+            listed = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"][0]["id"]
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+    assert [(c.name, c.arguments) for c in completion.tool_calls] == [("search", {"query": "via the proxy"})]
+    assert upstream.calls[0]["tools"] == [SEARCH]
+    assert listed == "openai:upstream"
