@@ -331,6 +331,38 @@ def test_auto_falls_back_to_text_protocol_when_the_server_rejects_tools():
     assert "tools" not in requests[1] and "<tools>" in requests[1]["messages"][0]["content"]
 
 
+def test_auto_fallback_also_happens_on_the_async_path():
+    async def no_tools(body):
+        if "tools" in body:
+            return JSONResponse({"error": {"message": "tools param requires --jinja flag"}}, status_code=400)
+        return JSONResponse(chat_body({"content": '<tool_call>{"name": "search", "arguments": {"query": "q"}}</tool_call>'}))
+
+    with running_server(fault_app(no_tools)) as base:
+        model = fast_client(base + "/v1")
+        completion = asyncio.run(complete_with_tools(model))
+    assert completion.tool_calls[0].arguments == {"query": "q"}
+    assert model.native_tools is False
+
+
+async def complete_with_tools(model: OpenAIModel):
+    try:
+        return await model.acomplete(user("go"), tools=[SEARCH])
+    finally:
+        await model.aclose()
+
+
+def test_text_tool_calls_in_content_are_parsed_even_when_tools_were_sent_natively():
+    # A server with tool support but no tool-call parser hands the model's protocol text back.
+    async def step(body):
+        return JSONResponse(chat_body({"content": '<think>hm</think>\n<tool_call>\n{"name": "search", '
+                                                  '"arguments": {"query": "raw"}}\n</tool_call>'}))
+
+    with running_server(fault_app(step)) as base:
+        completion = fast_client(base + "/v1", tool_protocol="native").complete(user("go"), tools=[SEARCH])
+    assert [(c.name, c.arguments) for c in completion.tool_calls] == [("search", {"query": "raw"})]
+    assert (completion.text, completion.message.reasoning) == ("", "hm")
+
+
 def test_native_protocol_does_not_fall_back():
     app = fault_app(status(400, "tools are not supported"))
     with running_server(app) as base:
