@@ -6,6 +6,15 @@ over a ChatModel and yields the `/v1` URL an OpenAI client wants.
 
     with serving(ScriptedModel(["hi"])) as url:
         OpenAIModel("scripted", url).complete([Message("user", "hello")])
+
+A fixed-latency server is a model whose replies sleep; concurrent requests overlap, since
+`toolself serve` runs blocking models on a wide thread pool:
+
+    def slow_reply(messages, tools):
+        time.sleep(0.1)
+        return call("terminate", answer="42")
+
+    with serving(ScriptedModel([], default=slow_reply)) as url: ...
 """
 
 from __future__ import annotations
