@@ -27,6 +27,7 @@ import base64
 import csv
 import json
 import random
+import re
 import shlex
 import subprocess
 import sys
@@ -36,6 +37,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import parse_qsl
 
 from rich.console import Console
+from rich.markup import escape
 
 from toolself.evals.task import Task
 
@@ -113,7 +115,7 @@ def load_tasks(spec: str, split: str | None = None, limit: int | None = None, se
     if limit is not None:
         tasks = tasks[:limit]
     if skipped and not quiet:
-        _console.print(f"[yellow]{spec}: skipped {len(skipped)} malformed row(s)[/yellow]")
+        _console.print(f"[yellow]{escape(spec)}: skipped {len(skipped)} malformed row(s)[/yellow]")
         for row in skipped[:20]:
             _console.print(f"  {row}", markup=False, highlight=False)
         if len(skipped) > 20:
@@ -227,7 +229,7 @@ def load_gaia(path: Path, split: str | None, options: dict[str, str], skipped: l
         if found is None:
             raise FileNotFoundError(f"{path}: no metadata.jsonl or metadata.parquet in this folder")
         path = found
-    base = path.parent
+    base = path.parent.resolve()
     split_name = _split_name(path, split)
     level = options.get("level")
     text_only = _flag(options, "text_only") or _flag(options, "ws")
@@ -343,22 +345,24 @@ def _test_list(value: Any, name: str) -> list[str]:
     return [str(v) for v in parsed]
 
 
-def test_command(tests: list[str], template: str | None = None) -> str:
+def swebench_test_command(tests: list[str], template: str | None = None) -> str:
     """A shell command running these SWE-bench test ids, picking the runner from their shape:
     pytest node ids (`path::name`), Django-style `name (module.Class)`, or bare names."""
     if template:
         return template.replace("{tests}", " ".join(shlex.quote(t) for t in tests))
     if all("::" in t or t.endswith(".py") for t in tests):
         return "python -m pytest -q -p no:cacheprovider " + " ".join(shlex.quote(t) for t in tests)
-    dotted = []
+    dotted, unreadable = [], 0
     for t in tests:
-        if "(" in t and t.rstrip().endswith(")"):
-            name, _, owner = t.rstrip()[:-1].partition("(")
-            dotted.append(f"{owner.strip()}.{name.strip()}")
-        else:
-            dotted = []
-            break
+        match = re.match(r"^(\w+) \(([\w.]+)\)$", t.strip())
+        if match is None:
+            unreadable += 1  # Django lists some tests by their docstring's first line
+            continue
+        name, owner = match.groups()
+        dotted.append(owner if owner.endswith("." + name) else f"{owner}.{name}")
     if dotted:
+        if unreadable:  # cannot name those tests: run the classes the readable ones belong to
+            dotted = list(dict.fromkeys(d.rsplit(".", 1)[0] for d in dotted))
         names = " ".join(shlex.quote(d) for d in dotted)
         return (f"if [ -f tests/runtests.py ]; then python tests/runtests.py --verbosity 1 {names}; "
                 f"else python -m unittest {names}; fi")
@@ -427,7 +431,7 @@ def load_swebench(path: Path, split: str | None, options: dict[str, str], skippe
                               "PASS_TO_PASS": pass_to_pass, "version": record.get("version"),
                               "gold_patch": record.get("patch"), "scorer": "tests"},
                     setup=SweBenchSetup(clone, str(base_commit), str(record.get("test_patch") or ""), str(instance_id)),
-                    check_command=test_command(fail_to_pass + pass_to_pass, template), check_timeout=900.0)
+                    check_command=swebench_test_command(fail_to_pass + pass_to_pass, template), check_timeout=900.0)
 
     return _each(path, skipped, make)
 

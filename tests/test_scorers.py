@@ -1,0 +1,179 @@
+"""Scorers: GAIA's normalised exact match, an LLM judge over a real HTTP endpoint on loopback,
+and test execution in the attempt's workspace."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from http_fixtures import running_server
+from toolself.evals.scorers import LLMJudge, Score, gaia_match, judge_prompt, parse_verdict, score
+from toolself.evals.task import Task
+from toolself.models.openai_compat import OpenAIModel
+
+
+@pytest.mark.parametrize("prediction, reference, expected", [
+    ("$1,000", "1000", True),          # $ and commas removed before comparing numbers
+    ("17%", "17", True),
+    ("3.50", "3.5", True),             # numbers compared as numbers
+    ("17 km", "17", True),             # a trailing unit is dropped
+    ("seventeen", "17", False),
+    ("18", "17", False),
+    ("The Eiffel Tower!", "the eiffel tower", True),  # case, spaces and punctuation ignored
+    ("Paris", "London", False),
+    ("hydrogen; Oxygen", "hydrogen, oxygen", True),   # lists split on , or ; element by element
+    ("oxygen, hydrogen", "hydrogen, oxygen", False),  # order matters
+    ("hydrogen", "hydrogen, oxygen", False),          # lengths differ
+    ("1, 2.0, $3", "1, 2, 3", True),                  # numeric list items compared as numbers
+    (None, "17", False),
+])
+def test_gaia_normalised_exact_match(prediction, reference, expected):
+    assert gaia_match(prediction, reference)[0] is expected
+
+
+def test_gaia_match_says_why():
+    ok, why = gaia_match("oxygen, hydrogen", "hydrogen, oxygen")
+    assert not ok and "item 1" in why
+
+
+def test_exact_score_names_its_scorer_and_reason():
+    result = score(Task(id="t", question="q", answer="42"), "42.0")
+    assert result == Score(True, "gaia_exact", result.reason, result.details)
+    assert "42" in result.reason
+
+
+def test_task_without_reference_or_check_is_never_correct():
+    assert not score(Task(id="t", question="q"), "anything").correct
+
+
+@pytest.mark.parametrize("reply, verdict", [
+    ("The answers agree.\nVERDICT: CORRECT", True),
+    ("They differ.\nVERDICT: INCORRECT", False),
+    ("VERDICT: CORRECT\nVERDICT: INCORRECT", None),   # both: no guessing
+    ("verdict: correct", None),                      # the exact form only
+    ("It is correct.", None),
+    ("", None),
+])
+def test_verdicts_are_parsed_strictly(reply, verdict):
+    assert parse_verdict(reply) is verdict
+
+
+def test_the_judge_prompt_is_a_text_file_with_the_three_slots():
+    prompt = judge_prompt()
+    assert all(slot in prompt for slot in ("{question}", "{reference}", "{prediction}"))
+
+
+class FakeJudgeServer:
+    """An OpenAI chat-completions endpoint whose 'model' says CORRECT when the prediction
+    contains the reference, or replies with nonsense when asked to."""
+
+    def __init__(self, nonsense: bool = False):
+        self.requests = 0
+        self.nonsense = nonsense
+        self.app = Starlette(routes=[Route("/v1/chat/completions", self.complete, methods=["POST"])])
+
+    async def complete(self, request: Request) -> JSONResponse:
+        self.requests += 1
+        body = await request.json()
+        prompt = body["messages"][-1]["content"]
+        reference = re.search(r"Reference answer:\n(.*?)\n\n", prompt, re.S).group(1).strip().lower()
+        prediction = re.search(r"Assistant's answer:\n(.*?)\n\n", prompt, re.S).group(1).strip().lower()
+        if self.nonsense:
+            text = "I am not sure."
+        elif reference in prediction:
+            text = "The answer names the reference.\nVERDICT: CORRECT"
+        else:
+            text = "The answer does not name the reference.\nVERDICT: INCORRECT"
+        return JSONResponse({
+            "id": "cmpl-1", "object": "chat.completion", "created": int(time.time()), "model": body["model"],
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        })
+
+
+def judge_for(url: str, tmp_path) -> LLMJudge:
+    model = OpenAIModel("judge", url + "/v1", "key", max_retries=0, timeout=10)
+    return LLMJudge(model, cache_dir=tmp_path / "cache")
+
+
+FRAMES_LIKE = Task(id="f1", question="Who designed the tower?", answer="Gustave Eiffel", metadata={"scorer": "judge"})
+
+
+def test_judge_over_an_openai_compatible_endpoint(tmp_path):
+    server = FakeJudgeServer()
+    with running_server(server.app) as url:
+        judge = judge_for(url, tmp_path)
+        right = score(FRAMES_LIKE, "It was designed by Gustave Eiffel's company.", judge=judge)
+        wrong = score(FRAMES_LIKE, "Le Corbusier", judge=judge)
+    assert right.correct and right.scorer == "llm_judge" and "CORRECT" in right.reason
+    assert not wrong.correct and wrong.scorer == "llm_judge"
+    assert "exact_match" in right.details
+
+
+def test_judge_verdicts_are_cached_on_disk(tmp_path):
+    server = FakeJudgeServer()
+    with running_server(server.app) as url:
+        first = judge_for(url, tmp_path).judge("q", "Gustave Eiffel", "Gustave Eiffel, engineer")
+        again = judge_for(url, tmp_path).judge("q", "Gustave Eiffel", "Gustave Eiffel, engineer")
+    assert server.requests == 1
+    assert first.correct and again.correct and again.details["cached"]
+
+
+def test_an_unparsable_verdict_is_incorrect_and_not_cached(tmp_path):
+    server = FakeJudgeServer(nonsense=True)
+    with running_server(server.app) as url:
+        judge = judge_for(url, tmp_path)
+        result = judge.judge("q", "a", "a")
+        judge.judge("q", "a", "a")
+    assert not result.correct and "no strict verdict" in result.reason
+    assert server.requests == 2 * judge.attempts
+
+
+def test_exact_match_decides_before_the_judge_is_asked(tmp_path):
+    server = FakeJudgeServer()
+    with running_server(server.app) as url:
+        result = score(FRAMES_LIKE, "gustave eiffel", judge=judge_for(url, tmp_path))
+    assert result.correct and result.scorer == "gaia_exact" and server.requests == 0
+
+
+def test_a_judge_task_without_a_judge_falls_back_to_exact_match_and_says_so():
+    result = score(FRAMES_LIKE, "Eiffel")
+    assert result.scorer == "gaia_exact" and not result.correct
+    assert "no" in result.details["note"] and "judge" in result.details["note"]
+
+
+def check_task(command: str, timeout: float = 30.0) -> Task:
+    return Task(id="check", question="make done.txt", family="code", check_command=command, check_timeout=timeout)
+
+
+def test_test_execution_runs_the_check_in_the_workspace():
+    task = check_task("test -f done.txt")
+    with task.environment() as env:
+        before = score(task, None, env)
+        (env.workspace / "done.txt").write_text("yes")
+        after = score(task, None, env)
+    assert not before.correct and before.scorer == "tests" and before.details["exit_status"] == 1
+    assert after.correct and after.reason == "the check command passed"
+
+
+def test_a_check_that_runs_too_long_is_killed_and_fails():
+    task = check_task("sleep 30", timeout=0.5)
+    started = time.monotonic()
+    with task.environment() as env:
+        result = score(task, None, env)
+    assert time.monotonic() - started < 10
+    assert not result.correct and "timed out" in result.reason
+
+
+def test_the_graders_copy_of_the_tests_is_restored_before_the_check():
+    task = Task(id="c", question="q", family="code", check_command="grep -q strict tests.txt",
+                inline_files={"tests.txt": "strict\n"}, check_files={"tests.txt": "strict\n"})
+    with task.environment() as env:
+        (env.workspace / "tests.txt").write_text("loose\n")
+        assert score(task, None, env).correct
