@@ -287,7 +287,7 @@ def serve(model: ChatModel, host: str = "127.0.0.1", port: int = 8000, log_level
 
 
 def serve_command(
-    model: Annotated[str, typer.Option("--model", help="Model spec, e.g. openai:NAME@URL.")],
+    model: Annotated[str, typer.Option("--model", help="Model spec: embedded | local:PATH | openai:NAME@URL.")] = "embedded",
     host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8000,
 ) -> None:
