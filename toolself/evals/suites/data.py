@@ -36,7 +36,10 @@ def csv_text(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def xlsx_bytes(sheet: str, header: list[str], rows: list[list[Any]]) -> bytes:
-    from openpyxl import Workbook
+    try:
+        from openpyxl import Workbook
+    except ImportError as exc:
+        raise RuntimeError("builtin:data writes XLSX files with openpyxl: pip install 'toolself[tools]'") from exc
 
     book = Workbook()
     ws = book.active
