@@ -1,0 +1,98 @@
+"""`toolself eval` and `toolself report`, as plain functions the main app registers:
+
+    app.command("eval")(eval_command)
+    app.command("report")(report_command)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+console = Console()
+
+
+def _split_list(values: list[str]) -> list[str]:
+    """`--methods a,b --methods c` -> [a, b, c] (a spec's own options are joined by `&`)."""
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+def _fail(message: str) -> None:
+    console.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(2)
+
+
+def eval_command(
+    tasks: list[str] = typer.Option(..., "--tasks", "-t", help="Dataset specs, comma-separated or repeated: "
+                                    "builtin:research, gaia:PATH, frames:PATH, swebench:PATH, jsonl:PATH, ..."),
+    methods: list[str] = typer.Option(["toolself"], "--methods", help="Methods, comma-separated (see `toolself methods`)."),
+    model: str = typer.Option("embedded", "--model", "-m", help="embedded | local:PATH | openai:NAME@URL | expert"),
+    out: Path = typer.Option(..., "--out", "-o", help="Output folder; rerunning the same command resumes it."),
+    judge: Optional[str] = typer.Option(None, help="LLM judge for FRAMES / xbench answers: openai:NAME@URL."),
+    config_model: Optional[str] = typer.Option(None, help="For `decoupled`: the model that writes configurations."),
+    concurrency: int = typer.Option(4, help="Attempts in flight at once."),
+    timeout: float = typer.Option(600.0, help="Wall-clock limit per attempt, in seconds."),
+    grace: Optional[float] = typer.Option(None, help="Seconds past the limit before a stuck attempt is abandoned."),
+    limit: Optional[int] = typer.Option(None, help="At most this many tasks per dataset."),
+    repeats: int = typer.Option(1, help="Attempts per task, for mean and standard error."),
+    freeze: list[str] = typer.Option([], help="Ablation for every method: subgoal, strategy, toolbox, knowledge, mode."),
+    split: str = typer.Option("heldout", help="Split of the built-in suites (train | heldout) or of a file."),
+    seed: int = typer.Option(0, help="Seed for generated suites and shuffling."),
+    max_stages: int = typer.Option(6, help="Most stages per attempt."),
+    max_steps: int = typer.Option(12, help="Most actions per stage."),
+    max_tokens: int = typer.Option(200_000, help="Most prompt + completion tokens per attempt."),
+    context_budget: Optional[int] = typer.Option(None, help="Visible-context budget in the model's tokens."),
+    temperature: float = typer.Option(0.0, help="Sampling temperature of the policy (0: greedy)."),
+    force: bool = typer.Option(False, help="Add to an output folder made under other settings."),
+    report: bool = typer.Option(True, help="Write the report into OUT/report when the run ends."),
+) -> None:
+    """Run methods on datasets; resumable, with per-attempt timeouts and a live progress line."""
+    from toolself.evals.report import write_report
+    from toolself.evals.runner import SettingsMismatch, run_eval
+
+    specs, names = _split_list(tasks), _split_list(methods)
+    settings = {"max_stages": max_stages, "max_steps_per_stage": max_steps, "max_total_tokens": max_tokens}
+    if context_budget is not None:
+        settings["context_budget"] = context_budget
+    options = {}
+    if model == "embedded" or model.startswith("local:"):
+        options = {"temperature": temperature, "seed": seed}
+    elif model.startswith("openai:") and temperature:
+        options = {"temperature": temperature}
+    try:
+        summary = run_eval(specs, names, model, out, concurrency=concurrency, timeout=timeout or None, grace=grace,
+                           limit=limit, repeats=repeats, judge=judge, freeze=tuple(freeze), config_model=config_model,
+                           split=split, seed=seed, force=force, settings=settings,
+                           model_options=options)
+    except SettingsMismatch as exc:
+        _fail(str(exc))
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        _fail(str(exc))
+    console.print(json.dumps(summary.to_dict(), indent=2))
+    if report and summary.records:
+        files = write_report([out])
+        console.print(f"report: {files.markdown}")
+
+
+def report_command(
+    dirs: list[Path] = typer.Argument(..., help="Eval output folders."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Report folder (default: DIR/report of the first)."),
+    compare: Optional[bool] = typer.Option(None, "--compare/--no-compare",
+                                           help="Per-task won / lost / same (default: on for several folders)."),
+    baseline: Optional[str] = typer.Option(None, help="Method to compare against (default: the first)."),
+) -> None:
+    """Tables (Markdown, CSV) and plots (PNG) from one or more eval runs; compare runs per task."""
+    from toolself.evals.report import markdown_accuracy, markdown_comparison, write_report
+
+    try:
+        files = write_report(dirs, out, compare_runs=compare, baseline=baseline)
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    console.print(markdown_accuracy(files.table), highlight=False, markup=False)
+    for c in files.comparisons:
+        console.print(markdown_comparison(c, limit=10), highlight=False, markup=False)
+    console.print("wrote " + ", ".join(str(p) for p in files.files), highlight=False)

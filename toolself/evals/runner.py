@@ -1,0 +1,464 @@
+"""The resumable evaluation runner: every (dataset, task, method, repeat) attempt, once.
+
+    run_eval(["builtin:research"], ["toolself", "vanilla"], "embedded", Path("runs/eval"))
+
+Layout of the output folder:
+
+    run.json                          the settings that define the results (checked on rerun)
+    <method>/results.jsonl            one AttemptRecord per finished attempt
+    <method>/trajectories.jsonl       the full trajectories beside them
+    workspaces/                       each attempt's private workspace while it runs
+
+Rerunning the same command resumes: finished keys are skipped (see `records` for why a
+`kill -9` at any moment loses at most the attempts in flight and never duplicates a record).
+A rerun whose settings would mix incomparable results (another model, judge, split, budget,
+seed or freeze) refuses unless `force`; adding methods, datasets, tasks or repeats is fine.
+
+Concurrency is a pool of threads, one per attempt in flight: the agent loop and the tools are
+synchronous (tools run subprocesses with their own timeouts), an HTTP model is called from
+threads with connection pooling, and the embedded model batches requests that arrive from
+several threads. Only the main thread writes results. Each attempt has a wall-clock limit:
+it is passed to the agent (checked between steps, ending the attempt as `budget:time`) and a
+watchdog sets the attempt's cancel event at the limit. A Python thread cannot be killed, so an
+attempt still running `grace` seconds after its limit is recorded as `timeout` with what its
+trajectory held at that moment, and its thread is abandoned (it can no longer write: its key
+is committed). A crash anywhere in an attempt is recorded with its traceback as `error`.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from toolself.agent import Agent, AgentSettings, Observer
+from toolself.evals.progress import EvalProgress
+from toolself.evals.records import (
+    AttemptKey,
+    AttemptRecord,
+    MethodStore,
+    atomic_write_text,
+    safe_name,
+)
+from toolself.evals.report import RUN_FILE, Table, aggregate
+from toolself.trajectory import Stage, Trajectory
+
+RUN_FORMAT = 1
+TIMEOUT_END_REASONS = ("budget:time", "budget:cancelled")
+
+
+class SettingsMismatch(ValueError):
+    """The output folder holds results made under other settings."""
+
+
+@dataclass
+class RunSummary:
+    """What a run produced: counts for this invocation, and the table over every record of
+    the requested keys (earlier runs' included)."""
+
+    out: Path
+    attempts: int
+    skipped: int
+    ran: int
+    status: dict[str, int]
+    table: Table
+    records: list[AttemptRecord]
+    wall_time: float
+
+    def accuracy(self) -> dict[str, dict[str, dict[str, float | None]]]:
+        return self.table.summary()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"out": str(self.out), "attempts": self.attempts, "skipped": self.skipped, "ran": self.ran,
+                "status": self.status, "wall_time": round(self.wall_time, 3), "accuracy": self.accuracy()}
+
+
+@dataclass
+class _Job:
+    key: AttemptKey
+    task: Any
+    settings: AgentSettings
+
+
+@dataclass
+class _Running:
+    job: _Job
+    thread: threading.Thread
+    cancel: threading.Event
+    started: float
+    live: list[Trajectory] = field(default_factory=list)
+
+
+class _Capture(Observer):
+    """Keeps a reference to the attempt's trajectory, so that an abandoned attempt can still be
+    recorded with what it did up to the moment it was given up."""
+
+    def __init__(self, live: list[Trajectory]):
+        self.live = live
+
+    def stage_started(self, trajectory: Trajectory, stage: Stage) -> None:
+        if not self.live:
+            self.live.append(trajectory)
+
+
+def _identity(model: Any, config_model: Any, judge: Any, split: str, seed: int, timeout: float | None,
+              freeze: Sequence[str], overrides: dict[str, Any], model_options: dict[str, Any]) -> dict[str, Any]:
+    def name(x: Any) -> Any:
+        if x is None or isinstance(x, str):
+            return x
+        inner = getattr(x, "model", None)
+        return getattr(x, "name", None) or getattr(inner, "name", None) or type(x).__name__
+
+    return {"model": name(model), "config_model": name(config_model), "judge": name(judge), "split": split,
+            "seed": seed, "timeout": timeout, "freeze": list(freeze),
+            "settings": {k: overrides[k] for k in sorted(overrides)},
+            "model_options": {k: model_options[k] for k in sorted(model_options)}}
+
+
+def _check_run_file(out: Path, identity: dict[str, Any], command: dict[str, Any], force: bool) -> None:
+    path = out / RUN_FILE
+    data: dict[str, Any] = {"format": RUN_FORMAT, "identity": identity, "commands": []}
+    if path.exists():
+        existing = json.loads(path.read_text(encoding="utf-8"))
+        old = existing.get("identity", {})
+        differ = sorted(k for k in set(old) | set(identity) if old.get(k) != identity.get(k))
+        if differ and not force:
+            lines = [f"  {k}: was {old.get(k)!r}, now {identity.get(k)!r}" for k in differ]
+            raise SettingsMismatch(
+                f"{out} holds results made under other settings; rerunning would mix them:\n" + "\n".join(lines)
+                + "\nUse another --out folder, or --force to add to it anyway.")
+        data["commands"] = list(existing.get("commands", []))
+        if differ:
+            data["forced_over"] = existing.get("forced_over", []) + [old]
+    data["commands"].append({**command, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    data["last_command"] = command
+    atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def _load_model(spec: Any, **options: Any) -> Any:
+    if spec is None or not isinstance(spec, str):
+        return spec
+    from toolself.models import load_model
+
+    return load_model(spec, **options)
+
+
+def _load_judge(judge: Any) -> Any:
+    if judge is None or not isinstance(judge, str):
+        return judge
+    from toolself.evals.scorers import LLMJudge
+
+    return LLMJudge(_load_model(judge))
+
+
+def _expert_policy() -> Callable[[Any], Any]:
+    from toolself.evals.teacher import ExpertTeacher
+
+    return ExpertTeacher.for_task
+
+
+def default_pool():
+    """The global tool pool (falls back to the tools present when the registry is absent)."""
+    try:
+        from toolself.tools.registry import default_pool as registry_pool
+    except ImportError:
+        from toolself.tools.base import ToolPool
+        from toolself.tools.search import search
+        from toolself.tools.visit import visit
+
+        return ToolPool([search, visit])
+    return registry_pool()
+
+
+def run_eval(
+    tasks: Sequence[str],
+    methods: Sequence[str],
+    model: Any,
+    out: Path,
+    *,
+    concurrency: int = 4,
+    timeout: float | None = 600.0,
+    grace: float | None = None,
+    limit: int | None = None,
+    repeats: int = 1,
+    judge: Any = None,
+    freeze: Sequence[str] = (),
+    config_model: Any = None,
+    split: str = "heldout",
+    seed: int = 0,
+    force: bool = False,
+    settings: dict[str, Any] | None = None,
+    pool: Any = None,
+    model_options: dict[str, Any] | None = None,
+    progress: EvalProgress | bool | None = None,
+    loader: Callable[..., list[Any]] | None = None,
+) -> RunSummary:
+    """Run every missing attempt and return the summary over all of the requested ones.
+
+    tasks: dataset specs (`builtin:research`, `gaia:PATH`, ...); methods: names from
+    `toolself methods`; model: a spec (`embedded`, `openai:NAME@URL`, `expert` for the built-in
+    suites' per-task teacher) or a ChatModel; settings: AgentSettings overrides (budgets);
+    grace: seconds after the timeout before an attempt that has not returned is abandoned
+    (default: a quarter of the timeout, at least 5 s).
+    """
+    from toolself.evals.scorers import score
+    from toolself.variants import settings_for
+
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    if repeats < 1:
+        raise ValueError("repeats must be at least 1")
+    if not tasks:
+        raise ValueError("no task spec given")
+    if not methods:
+        raise ValueError("no method given")
+    out = Path(out)
+    overrides = dict(settings or {})
+    if isinstance(model, str) and model != "expert":
+        from toolself.cli import model_defaults
+
+        defaults = model_defaults(model)
+        overrides.setdefault("context_budget", defaults.context_budget)
+        overrides.setdefault("config_max_text", defaults.config_max_text)
+        overrides.setdefault("max_tokens_per_call", defaults.max_tokens_per_call)
+    method_settings = {m: settings_for(m, tuple(freeze), time_limit=timeout, **overrides) for m in methods}
+    grace = max(5.0, 0.25 * timeout) if grace is None and timeout else (grace or 0.0)
+
+    loader = loader or _default_loader
+    datasets: dict[str, list[Any]] = {}
+    for spec in tasks:
+        loaded = loader(spec, split=split, limit=limit, seed=seed)
+        ids = [t.id for t in loaded]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{spec}: task ids are not unique; results could not be keyed by them")
+        datasets[spec] = list(loaded)
+
+    identity = _identity(model, config_model, judge, split, seed, timeout, freeze, overrides, model_options or {})
+    command = {"tasks": list(tasks), "methods": list(methods), "limit": limit, "repeats": repeats,
+               "concurrency": concurrency, **identity}
+    out.mkdir(parents=True, exist_ok=True)
+    _check_run_file(out, identity, command, force)
+
+    stores = {m: MethodStore.open(out / safe_name(m)) for m in methods}
+    jobs: list[_Job] = []
+    requested: list[AttemptKey] = []
+    for repeat in range(repeats):
+        for spec, spec_tasks in datasets.items():
+            for task in spec_tasks:
+                for m in methods:
+                    key = AttemptKey(spec, task.id, m, repeat)
+                    requested.append(key)
+                    if not stores[m].done(key):
+                        jobs.append(_Job(key, task, method_settings[m]))
+    skipped = len(requested) - len(jobs)
+
+    if progress is None or progress is True:
+        progress = EvalProgress()
+    elif progress is False:
+        progress = EvalProgress(live=False, every=10**9)
+        progress.console.quiet = True
+
+    policy_for: Callable[[Any], Any]
+    if model == "expert":
+        policy_for = _expert_policy()
+        shared_model = None
+    else:
+        shared_model = _load_model(model, **(model_options or {}))
+        policy_for = lambda task: shared_model  # noqa: E731
+    writer = _load_model(config_model)
+    judge_obj = _load_judge(judge)
+    pool = pool if pool is not None else default_pool()
+    workspaces = out / "workspaces"
+
+    def attempt(job: _Job, cancel: threading.Event, live: list[Trajectory]) -> tuple[AttemptRecord, str | None]:
+        started = time.monotonic()
+        task = job.task
+        trajectory: Trajectory | None = None
+        verdict = None
+        failure: str | None = None
+        try:
+            policy = policy_for(task)
+            with task.environment(root=workspaces, model=policy) as env:
+                agent = Agent(policy, pool, job.settings, config_model=writer, observer=_Capture(live))
+                metadata = {"attempt": job.key.to_dict(), "family": task.family, "split": task.split,
+                            "reference": task.answer}
+                trajectory = agent.run(task.question, ctx=env.context, task_id=task.id, metadata=metadata,
+                                       cancel=cancel)
+                verdict = score(task, trajectory.answer, env, judge_obj)
+        except BaseException as exc:  # a crash in one attempt is data, never the end of the run
+            failure = "".join(traceback.format_exception(exc)).strip()
+        record = _record(job, trajectory, verdict, failure, time.monotonic() - started)
+        return record, (trajectory.to_json() if trajectory is not None else None)
+
+    results: queue.Queue = queue.Queue()
+    running: dict[str, _Running] = {}
+    pending = list(reversed(jobs))
+    ran = 0
+    status_counts = {"ok": 0, "timeout": 0, "error": 0}
+    start = time.monotonic()
+
+    def launch(job: _Job) -> None:
+        cancel = threading.Event()
+        live: list[Trajectory] = []
+
+        def body() -> None:
+            try:
+                outcome = attempt(job, cancel, live)
+            except BaseException as exc:  # _record itself failed: still report the attempt
+                outcome = (_record(job, None, None, "".join(traceback.format_exception(exc)).strip(), 0.0), None)
+            results.put((job.key.id, outcome))
+
+        thread = threading.Thread(target=body, name=f"attempt-{job.key.task_id}", daemon=True)
+        running[job.key.id] = _Running(job, thread, cancel, time.monotonic(), live)
+        progress.attempt_started(job.key)
+        thread.start()
+
+    def commit(finished: list[tuple[_Job, AttemptRecord, str | None]]) -> None:
+        nonlocal ran
+        by_method: dict[str, list[tuple[AttemptRecord, str | None]]] = {}
+        for job, record, trajectory_json in finished:
+            by_method.setdefault(job.key.method, []).append((record, trajectory_json))
+        for method, items in by_method.items():
+            for record in stores[method].commit_many(items):
+                ran += 1
+                status_counts[record.status] += 1
+                progress.attempt_finished(record)
+
+    progress.start(len(requested), skipped)
+    try:
+        while pending or running:
+            while pending and len(running) < concurrency:
+                launch(pending.pop())
+            arrived = []
+            try:
+                arrived.append(results.get(timeout=_next_deadline(running, timeout, grace)))
+                while True:
+                    arrived.append(results.get_nowait())
+            except queue.Empty:
+                pass
+            finished = []
+            for key_id, (record, trajectory_json) in arrived:
+                entry = running.pop(key_id, None)
+                if entry is not None:  # None: an abandoned attempt came back late; its key is taken
+                    finished.append((entry.job, record, trajectory_json))
+            # New attempts start before the results are written, so the writes overlap them.
+            while pending and len(running) < concurrency:
+                launch(pending.pop())
+            if timeout is not None:
+                now = time.monotonic()
+                for key_id, entry in list(running.items()):
+                    if now >= entry.started + timeout and not entry.cancel.is_set():
+                        entry.cancel.set()
+                    if now >= entry.started + timeout + grace:
+                        running.pop(key_id)
+                        record, trajectory_json = _abandoned(entry, now - entry.started, timeout)
+                        finished.append((entry.job, record, trajectory_json))
+            if finished:
+                commit(finished)
+    except BaseException:
+        for entry in running.values():
+            entry.cancel.set()
+        raise
+    finally:
+        progress.close()
+        for store in stores.values():
+            store.close()
+
+    wanted = {k.id for k in requested}
+    records = [r for m in methods for r in stores[m].records.values() if r.key.id in wanted]
+    table = aggregate(records, methods, list(tasks))
+    return RunSummary(out=out, attempts=len(requested), skipped=skipped, ran=ran, status=status_counts,
+                      table=table, records=records, wall_time=time.monotonic() - start)
+
+
+def _default_loader(spec: str, split: str, limit: int | None, seed: int) -> list[Any]:
+    from toolself.evals.loaders import load_tasks
+
+    return load_tasks(spec, split=split, limit=limit, seed=seed)
+
+
+def _next_deadline(running: dict[str, _Running], timeout: float | None, grace: float) -> float | None:
+    if timeout is None or not running:
+        return None if running else 0.0
+    now = time.monotonic()
+    moments = []
+    for entry in running.values():
+        moments.append(entry.started + timeout + (grace if entry.cancel.is_set() else 0.0))
+    return max(0.0, min(moments) - now) + 0.01
+
+
+def _status(trajectory: Trajectory | None, failure: str | None) -> str:
+    if failure is not None:
+        return "error"
+    assert trajectory is not None
+    if trajectory.end_reason in TIMEOUT_END_REASONS:
+        return "timeout"
+    if trajectory.end_reason == "error":
+        return "error"
+    return "ok"
+
+
+def _record(job: _Job, trajectory: Trajectory | None, verdict: Any, failure: str | None,
+            wall_time: float) -> AttemptRecord:
+    task = job.task
+    key = job.key
+    record = AttemptRecord(dataset=key.dataset, task_id=key.task_id, method=key.method, repeat=key.repeat,
+                           status=_status(trajectory, failure), family=getattr(task, "family", ""),
+                           split=getattr(task, "split", ""), reference=getattr(task, "answer", None),
+                           wall_time=round(wall_time, 3), finished_at=time.time(), error=failure)
+    if trajectory is not None:
+        _fill_from_trajectory(record, trajectory)
+        if failure is None and trajectory.error:
+            record.error = trajectory.error
+    if verdict is not None:
+        record.correct = bool(verdict.correct)
+        record.scorer = verdict.scorer
+        record.reason = verdict.reason
+    return record
+
+
+def _fill_from_trajectory(record: AttemptRecord, trajectory: Trajectory) -> None:
+    record.answer = trajectory.answer
+    record.end_reason = trajectory.end_reason
+    record.prompt_tokens = trajectory.usage.prompt_tokens
+    record.completion_tokens = trajectory.usage.completion_tokens
+    record.steps = trajectory.num_steps
+    record.stages = len(trajectory.stages)
+    record.reconfigurations = trajectory.num_reconfigurations
+    record.trajectory_id = trajectory.id
+
+
+def _abandoned(entry: _Running, elapsed: float, timeout: float) -> tuple[AttemptRecord, str | None]:
+    """The record of an attempt that did not return within its limit and grace."""
+    job = entry.job
+    record = AttemptRecord(
+        dataset=job.key.dataset, task_id=job.key.task_id, method=job.key.method, repeat=job.key.repeat,
+        status="timeout", family=getattr(job.task, "family", ""), split=getattr(job.task, "split", ""),
+        reference=getattr(job.task, "answer", None), end_reason="abandoned", wall_time=round(elapsed, 3),
+        finished_at=time.time(),
+        reason=f"no answer within {timeout:g} s; the attempt was abandoned {elapsed - timeout:.1f} s after its limit")
+    trajectory_json = None
+    if entry.live:
+        trajectory = entry.live[0]
+        # The attempt's thread may still be changing it; a copy taken mid-change is retried.
+        for _ in range(5):
+            try:
+                data = json.loads(trajectory.to_json())
+                break
+            except (RuntimeError, ValueError):
+                time.sleep(0.01)
+        else:
+            data = None
+        if data is not None:
+            snapshot = Trajectory.from_dict(data)
+            snapshot.end_reason = "abandoned"
+            snapshot.answer = None
+            snapshot.duration = elapsed
+            _fill_from_trajectory(record, snapshot)
+            trajectory_json = snapshot.to_json()
+    return record, trajectory_json
