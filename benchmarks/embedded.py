@@ -1,0 +1,204 @@
+"""Performance of the embedded default model: prints one JSON object.
+
+- load: seconds to load the converted model (and, with --fresh-cache, to convert the GGUF
+  file into a new cache folder first);
+- kv_reuse: per-step latency along one agent episode whose context grows by a tool
+  observation each step up to ~2k tokens, with the KV cache kept between steps against
+  recomputing the whole prompt every step (same messages, greedy, outputs compared);
+- throughput: generated tokens per second for 1 and for 8 concurrent episodes (threads
+  calling `complete`, as the eval runner does), each step a tool-call turn followed by an
+  observation.
+
+Usage: python benchmarks/embedded.py [--fresh-cache] [--threads N] [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import statistics
+import tempfile
+import threading
+import time
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "search", "description": "Search the document collection; returns ranked results.",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string", "description": "What to look for."}},
+                       "required": ["query"]}}},
+    {"type": "function", "function": {
+        "name": "visit", "description": "Read one page of a document.",
+        "parameters": {"type": "object", "properties": {
+            "locator": {"type": "string", "description": "The document's locator."},
+            "page": {"type": "integer", "description": "Page number."}}, "required": ["locator"]}}},
+    {"type": "function", "function": {
+        "name": "terminate", "description": "Finish the task with the final answer.",
+        "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}},
+]
+
+TASKS = [
+    "Find out which standard library module parses command-line options and name its main class.",
+    "Which Python module serialises objects to JSON text, and what is the function that writes to a file?",
+    "What does the collections module offer for counting hashable objects?",
+    "Which module provides regular expression matching operations similar to Perl's?",
+    "How do you spawn new processes and connect to their pipes from Python?",
+    "Which module implements a thread-safe FIFO queue for producers and consumers?",
+    "Which module supports the manipulation of dates and times, and which class combines both?",
+    "Which module gives a way to create temporary files and directories?",
+]
+
+
+def _observations() -> list[str]:
+    """Real English text of about 150-250 tokens each: docstrings of standard modules."""
+    import argparse as a, collections, datetime, json as j, queue, re, subprocess, tempfile as t, threading as th
+    texts = []
+    for module in (a, collections, datetime, j, queue, re, subprocess, t, th, inspect, statistics, os):
+        doc = " ".join((inspect.getdoc(module) or "").split())
+        for i in range(0, len(doc), 800):
+            chunk = doc[i : i + 800]
+            if len(chunk) > 400:
+                texts.append(chunk)
+    return texts
+
+
+def _episode_messages(task: str):
+    from toolself.models.base import Message
+
+    return [Message("system", "You are a research assistant. Use the tools to find the answer, then call terminate."),
+            Message("user", task)]
+
+
+def _observe(messages, completion, text: str, step: int):
+    from toolself.models.base import Message
+
+    calls = completion.message.tool_calls
+    call_id = calls[0].id if calls else f"call_{step}"
+    messages.append(completion.message)
+    messages.append(Message("tool", f"Result {step}: {text}", tool_call_id=call_id))
+
+
+def bench_kv_reuse(model_cls, weights, observations, target_tokens: int, max_tokens: int) -> dict:
+    """Grow one episode to ~target_tokens, timing each step with and without the cache."""
+    model, tokenizer = weights
+    reuse = model_cls(model, tokenizer, max_batch=1, threads=0)
+    fresh = model_cls(model, tokenizer, max_batch=1, cache_entries=0, threads=0)
+    messages = _episode_messages(TASKS[0])
+    rows = []
+    step = 0
+    try:
+        while True:
+            prompt_len = len(reuse.prompt_ids(messages, TOOLS))
+            if prompt_len > target_tokens:
+                break
+            a = reuse.complete(list(messages), tools=TOOLS, session="bench", max_tokens=max_tokens)
+            b = fresh.complete(list(messages), tools=TOOLS, max_tokens=max_tokens)
+            rows.append({"prompt_tokens": prompt_len, "reuse_s": a.latency, "recompute_s": b.latency,
+                         "cached_tokens": a.usage.cached_tokens, "completion_tokens": a.usage.completion_tokens,
+                         "same_output": a.completion_token_ids == b.completion_token_ids})
+            _observe(messages, a, observations[step % len(observations)], step)
+            step += 1
+    finally:
+        reuse.close()
+        fresh.close()
+    long_rows = [r for r in rows if r["prompt_tokens"] >= target_tokens * 0.6] or rows[-3:]
+    reuse_s = statistics.mean(r["reuse_s"] for r in long_rows)
+    recompute_s = statistics.mean(r["recompute_s"] for r in long_rows)
+    return {
+        "steps": len(rows),
+        "final_prompt_tokens": rows[-1]["prompt_tokens"],
+        "long_context_steps": len(long_rows),
+        "long_context_mean_prompt_tokens": round(statistics.mean(r["prompt_tokens"] for r in long_rows)),
+        "reuse_step_s": round(reuse_s, 3),
+        "recompute_step_s": round(recompute_s, 3),
+        "speedup": round(recompute_s / reuse_s, 2),
+        "identical_outputs": all(r["same_output"] for r in rows),
+        "per_step": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
+    }
+
+
+def bench_throughput(model_cls, weights, observations, episodes: int, steps: int, max_tokens: int) -> dict:
+    """`episodes` threads each run `steps` tool-call turns; tokens generated per wall second."""
+    model, tokenizer = weights
+    engine_model = model_cls(model, tokenizer, max_batch=max(episodes, 1), threads=0)
+    # Warm the grammar cache and the kernels so that both runs measure decoding only.
+    engine_model.complete(_episode_messages(TASKS[0]), tools=TOOLS, max_tokens=4)
+    engine_model.engine.stats = {k: 0 if isinstance(v, int) else 0.0 for k, v in engine_model.engine.stats.items()}
+    generated = [0] * episodes
+    prompt_tokens = [0] * episodes
+
+    def run(i: int) -> None:
+        messages = _episode_messages(TASKS[i % len(TASKS)])
+        for step in range(steps):
+            c = engine_model.complete(list(messages), tools=TOOLS, session=f"episode-{i}", max_tokens=max_tokens)
+            generated[i] += c.usage.completion_tokens
+            prompt_tokens[i] = c.usage.prompt_tokens
+            _observe(messages, c, observations[(i * 7 + step) % len(observations)], step)
+        engine_model.end_session(f"episode-{i}")
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(episodes)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    stats = dict(engine_model.engine.stats)
+    engine_model.close()
+    return {
+        "episodes": episodes,
+        "steps_per_episode": steps,
+        "generated_tokens": sum(generated),
+        "final_prompt_tokens_mean": round(statistics.mean(prompt_tokens)),
+        "wall_s": round(wall, 2),
+        "generated_tokens_per_s": round(sum(generated) / wall, 2),
+        "decode_steps": stats["steps"],
+        "mean_rows_per_step": round(stats["step_rows"] / max(1, stats["steps"]), 2),
+        "decode_s": round(stats["step_seconds"], 2),
+        "prefill_s": round(stats["prefill_seconds"], 2),
+        "prefill_tokens": stats["prefill_tokens"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fresh-cache", action="store_true", help="time the GGUF conversion into a new cache folder")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the embedded model's)")
+    parser.add_argument("--steps", type=int, default=4, help="tool-call turns per episode in the throughput runs")
+    parser.add_argument("--context", type=int, default=2000, help="context length reached by the KV reuse episode")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args()
+
+    import torch
+
+    from toolself.models import local
+
+    torch.set_num_threads(args.threads or local.default_threads())
+
+    out: dict = {"torch_threads": torch.get_num_threads()}
+    if args.fresh_cache:
+        tmp = tempfile.mkdtemp(prefix="toolself-bench-cache-")
+        os.environ["TOOLSELF_CACHE"] = tmp
+        start = time.perf_counter()
+        local.default_model_dir()
+        out["first_conversion_s"] = round(time.perf_counter() - start, 2)
+    start = time.perf_counter()
+    model, tokenizer, _ = local.load_weights()
+    out["load_s"] = round(time.perf_counter() - start, 2)
+    start = time.perf_counter()
+    local.EmbeddedModel(model, tokenizer, threads=0).close()
+    out["grammar_setup_s"] = round(time.perf_counter() - start, 2)
+
+    observations = _observations()
+    weights = (model, tokenizer)
+    out["kv_reuse"] = bench_kv_reuse(local.EmbeddedModel, weights, observations, args.context, args.max_tokens)
+    one = bench_throughput(local.EmbeddedModel, weights, observations, 1, args.steps, args.max_tokens)
+    eight = bench_throughput(local.EmbeddedModel, weights, observations, 8, args.steps, args.max_tokens)
+    out["throughput"] = {"1": one, "8": eight,
+                         "speedup_8_vs_1": round(eight["generated_tokens_per_s"] / one["generated_tokens_per_s"], 2)}
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""The grammars that constrain the embedded model, checked against a one-character vocabulary
+(so no model or tokenizer has to load)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+xgr = pytest.importorskip("xgrammar")
+
+from toolself.config import configuration_schema  # noqa: E402
+from toolself.models.grammar import (  # noqa: E402
+    DEFAULT_MAX_ITEMS,
+    GrammarCache,
+    cap_strings,
+    grammar_key,
+    tool_call_schema,
+)
+
+VOCAB = [chr(c) for c in range(32, 127)] + ["\n", "<eos>"]
+EOS = len(VOCAB) - 1
+
+TOOLS = [
+    {"type": "function", "function": {"name": "search", "description": "Search.", "parameters": {
+        "type": "object",
+        "properties": {"query": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}},
+        "required": ["query"]}}},
+    {"type": "function", "function": {"name": "visit", "description": "Read a page.", "parameters": {
+        "type": "object",
+        "properties": {"locator": {"type": "string"}, "page": {"type": "integer"}},
+        "required": ["locator"]}}},
+    {"type": "function", "function": {"name": "terminate", "description": "Finish.", "parameters": {
+        "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}},
+]
+
+
+@pytest.fixture(scope="module")
+def grammars() -> GrammarCache:
+    info = xgr.TokenizerInfo(VOCAB, stop_token_ids=[EOS])
+    return GrammarCache(info, len(VOCAB), max_string=20)
+
+
+def call_text(name: str, arguments: dict) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def accepts(matcher, text: str) -> bool:
+    return matcher.accept_string(text)
+
+
+def test_free_strings_get_a_length_cap_and_constrained_ones_keep_theirs():
+    schema = {"type": "object", "properties": {
+        "free": {"type": "string"},
+        "choice": {"type": "string", "enum": ["a", "b"]},
+        "short": {"type": "string", "maxLength": 5},
+        "nested": {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "integer"}]}},
+    }}
+    capped = cap_strings(schema, 30)
+    props = capped["properties"]
+    assert props["free"]["maxLength"] == 30
+    assert "maxLength" not in props["choice"]
+    assert props["short"]["maxLength"] == 5
+    assert props["nested"]["items"]["anyOf"][0]["maxLength"] == 30
+    assert "maxLength" not in schema["properties"]["free"], "the input schema is left untouched"
+
+
+def test_arrays_get_an_item_cap_and_enumerated_arrays_stop_at_the_number_of_choices():
+    capped = cap_strings({"type": "object", "properties": {
+        "toolbox": {"type": "array", "items": {"type": "string", "enum": ["search", "visit"]}},
+        "notes": {"type": "array", "items": {"type": "string"}},
+    }})
+    assert capped["properties"]["toolbox"]["maxItems"] == 2
+    assert capped["properties"]["notes"]["maxItems"] == DEFAULT_MAX_ITEMS
+
+
+def test_tool_call_schema_offers_every_tool_by_its_constant_name():
+    schema = tool_call_schema(TOOLS)
+    names = [option["properties"]["name"]["const"] for option in schema["anyOf"]]
+    assert names == ["search", "visit", "terminate"]
+
+
+def test_a_valid_call_of_each_offered_tool_is_accepted(grammars):
+    for name, args in [("search", {"query": "capital of France"}), ("search", {"query": ["a", "b"]}),
+                       ("visit", {"locator": "doc-1", "page": 2}), ("terminate", {"answer": "Paris"})]:
+        matcher = grammars.matcher(TOOLS, None)
+        assert accepts(matcher, call_text(name, args)), (name, args)
+        assert matcher.accept_token(EOS)
+        assert matcher.is_terminated()
+
+
+def test_an_unknown_tool_name_is_rejected(grammars):
+    assert not accepts(grammars.matcher(TOOLS, None), '<tool_call>\n{"name": "delete_everything"')
+
+
+def test_arguments_must_match_the_chosen_tools_own_schema(grammars):
+    assert not accepts(grammars.matcher(TOOLS, None), '<tool_call>\n{"name": "visit", "arguments": {"query"')
+    assert not accepts(grammars.matcher(TOOLS, None), '<tool_call>\n{"name": "visit", "arguments": {"page": 1}}')
+
+
+def test_free_text_strings_stop_at_the_cap(grammars):
+    assert accepts(grammars.matcher(TOOLS, None), call_text("terminate", {"answer": "x" * 20}))
+    assert not accepts(grammars.matcher(TOOLS, None), call_text("terminate", {"answer": "x" * 21}))
+
+
+def test_the_reply_is_exactly_one_call_then_the_end_of_turn(grammars):
+    matcher = grammars.matcher(TOOLS, None)
+    assert not accepts(matcher, "Sure! <tool_call>")
+    matcher = grammars.matcher(TOOLS, None)
+    assert accepts(matcher, call_text("terminate", {"answer": "ok"}))
+    assert not matcher.accept_string("\n<tool_call>")
+
+
+def test_a_response_schema_accepts_a_valid_configuration_only(grammars):
+    schema = configuration_schema(["search", "visit"], ["basic", "truncation"], max_text=50)
+    good = {"subgoal": "find it", "strategy": "search then read", "toolbox": ["search"],
+            "knowledge": "history", "knowledge_summary": "", "context_mode": "basic"}
+    assert accepts(grammars.matcher(None, schema), json.dumps(good))
+    assert not accepts(grammars.matcher(None, schema), json.dumps({**good, "context_mode": "turbo"}))
+    assert not accepts(grammars.matcher(None, schema), json.dumps({**good, "toolbox": ["bash"]}))
+
+
+def test_unconstrained_calls_have_no_grammar_and_equal_constraints_share_one(grammars):
+    assert grammar_key(None, None) is None
+    assert grammars.matcher(None, None) is None
+    assert grammars.compiled(TOOLS, None) is grammars.compiled(json.loads(json.dumps(TOOLS)), None)

