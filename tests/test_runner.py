@@ -304,3 +304,21 @@ def test_a_run_killed_mid_way_resumes_to_exactly_the_uninterrupted_result(tmp_pa
     from toolself.evals.report import load_run, aggregate
 
     assert aggregate(load_run(out).records).summary() == reference.table.summary()
+
+
+def test_progress_outside_a_terminal_prints_a_line_every_n_attempts_with_accuracy_tokens_and_eta(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from toolself.evals.progress import EvalProgress
+
+    stream = io.StringIO()
+    progress = EvalProgress(console=Console(file=stream, width=200), every=2)
+    spec = write_tasks(tmp_path / "tasks.jsonl", 4)
+    run(tmp_path, spec, methods=("vanilla",), progress=progress, concurrency=1)
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "eval: 4 attempts, 0 already finished, 4 to run"
+    assert lines[1].startswith("2/4 done, 1 running, 0 failed, 0 timed out | accuracy 50.0% | ")
+    assert "tokens | elapsed" in lines[1] and "ETA" in lines[1]
+    assert lines[-1].startswith("4/4 done, 0 running") and len(lines) == 4

@@ -45,12 +45,17 @@ class EvalProgress:
             self._live.start()
         else:
             self.console.print(f"eval: {total} attempts, {skipped} already finished, {total - skipped} to run",
-                               markup=False, highlight=False)
+                               markup=False, highlight=False, soft_wrap=True)
 
     def attempt_started(self, key: AttemptKey) -> None:
         with self._lock:
             self.running.add(key.id)
         self._refresh()
+
+    def attempt_returned(self, key: AttemptKey) -> None:
+        """The attempt's thread is done (its record may still be on its way to disk)."""
+        with self._lock:
+            self.running.discard(key.id)
 
     def attempt_finished(self, record: AttemptRecord) -> None:
         with self._lock:
@@ -62,7 +67,7 @@ class EvalProgress:
             self.tokens += record.total_tokens
             line_due = not self.live_enabled and (self.done % self.every == 0)
         if line_due:
-            self.console.print(self.line(), markup=False, highlight=False)
+            self.console.print(self.line(), markup=False, highlight=False, soft_wrap=True)
         self._refresh()
 
     def close(self) -> None:
@@ -71,7 +76,7 @@ class EvalProgress:
             self._live.stop()
             self._live = None
         else:
-            self.console.print(self.line(), markup=False, highlight=False)
+            self.console.print(self.line(), markup=False, highlight=False, soft_wrap=True)
 
     def eta(self) -> float | None:
         remaining = self.total - self.skipped - self.done

@@ -386,7 +386,7 @@ def plot_accuracy(table: Table, path: Path) -> None:
     ax.set_xticks(range(len(groups)), [table.labels.get(d, d) if d != AVERAGE else "Avg." for d in groups])
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 100)
-    ax.legend(fontsize="small", ncol=2)
+    ax.legend(fontsize="small", ncol=min(4, len(table.methods)), loc="upper center", bbox_to_anchor=(0.5, -0.1))
     ax.set_title("Accuracy per method and dataset")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -395,16 +395,17 @@ def plot_accuracy(table: Table, path: Path) -> None:
 
 def plot_accuracy_vs_tokens(table: Table, path: Path) -> None:
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
     for m in table.methods:
         c = table.average(m)
         if c is None:
             continue
         tokens = c.prompt_tokens + c.completion_tokens
-        ax.scatter([tokens], [100 * c.accuracy])
-        ax.annotate(m, (tokens, 100 * c.accuracy), textcoords="offset points", xytext=(4, 4), fontsize="small")
+        ax.scatter([tokens], [100 * c.accuracy], label=m, s=40)
     ax.set_xlabel("mean tokens per task (prompt + completion)")
     ax.set_ylabel("average accuracy (%)")
+    ax.set_ylim(-5, 105)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
     ax.set_title("Accuracy against tokens")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -416,12 +417,13 @@ def plot_stages(records: Sequence[AttemptRecord], methods: Sequence[str], path: 
     method_of = method_of or (lambda r: r.method)
     fig, ax = plt.subplots(figsize=(6, 4.5))
     top = max([r.stages for r in records] + [1])
-    bins = [b - 0.5 for b in range(0, top + 2)]
+    low = 0 if any(r.stages == 0 for r in records) else 1
+    bins = [b - 0.5 for b in range(low, top + 2)]
     series = [[r.stages for r in records if method_of(r) == m] for m in methods]
     ax.hist(series, bins=bins, label=list(methods))
     ax.set_xlabel("stages per task")
     ax.set_ylabel("attempts")
-    ax.set_xticks(range(0, top + 1))
+    ax.set_xticks(range(low, top + 1))
     ax.legend(fontsize="small")
     ax.set_title("Stages per task")
     fig.tight_layout()

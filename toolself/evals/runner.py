@@ -345,6 +345,7 @@ def run_eval(
             for key_id, (record, trajectory_json) in arrived:
                 entry = running.pop(key_id, None)
                 if entry is not None:  # None: an abandoned attempt came back late; its key is taken
+                    progress.attempt_returned(entry.job.key)
                     finished.append((entry.job, record, trajectory_json))
             # New attempts start before the results are written, so the writes overlap them.
             while pending and len(running) < concurrency:
