@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from toolself.agent import Agent
-from toolself.evals.records import AttemptKey, AttemptRecord, MethodStore, safe_name
+from toolself.evals.records import RESULTS, TRAJECTORIES, AttemptKey, AttemptRecord, MethodStore, safe_name
 from toolself.evals.scorers import gaia_match
 from toolself.models.base import Message
 from toolself.models.scripted import ScriptedModel, call
@@ -241,17 +241,18 @@ def write_large_run(folder: str | Path, tasks: int = 1000, stages: int = 5, step
     (and scored again), because what a load test needs is the size and shape of a real run,
     not thousands of identical replays of the loop.
     """
-    folder = Path(folder)
+    folder = Path(folder) / safe_name(method)
+    folder.mkdir(parents=True, exist_ok=True)
     collection = demo_collection()
     answers = ["Harrowgate", "Elmstead", "Port Wren"]
-    store = MethodStore.open(folder / safe_name(method))
-    try:
-        templates = []
-        for i in range(distinct):
-            task = SampleTask(f"long-{i}", f"Long task {i}: where was the founder of Brightwater Appliances born?",
-                              "Harrowgate", {method: long_script(stages, steps_per_stage, answers[i % len(answers)], i)})
-            templates.append(run_attempt(task, method, collection, max_stages=stages,
-                                         max_steps_per_stage=steps_per_stage))
+    templates = []
+    for i in range(distinct):
+        task = SampleTask(f"long-{i}", f"Long task {i}: where was the founder of Brightwater Appliances born?",
+                          "Harrowgate", {method: long_script(stages, steps_per_stage, answers[i % len(answers)], i)})
+        templates.append(run_attempt(task, method, collection, max_stages=stages, max_steps_per_stage=steps_per_stage))
+    # Written in one go rather than committed attempt by attempt: the layout is the same and
+    # a fixture has no crash to survive.
+    with open(folder / TRAJECTORIES, "w", encoding="utf-8") as tf, open(folder / RESULTS, "w", encoding="utf-8") as rf:
         for n in range(tasks):
             trajectory, record = templates[n % distinct]
             data = trajectory.to_dict()
@@ -260,7 +261,6 @@ def write_large_run(folder: str | Path, tasks: int = 1000, stages: int = 5, step
             data["task"] = f"Long task {n}: where was the founder of Brightwater Appliances born?"
             data["metadata"] = {"attempt": AttemptKey(DATASET, task_id, method, 0).to_dict()}
             copy = AttemptRecord.from_dict({**record.to_dict(), "task_id": task_id, "trajectory_id": data["id"]})
-            store.commit(copy, json.dumps(data, ensure_ascii=False))
-    finally:
-        store.close()
-    return folder
+            tf.write(json.dumps(data, ensure_ascii=False) + "\n")
+            rf.write(copy.to_json() + "\n")
+    return folder.parent
