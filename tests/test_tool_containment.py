@@ -181,3 +181,25 @@ def test_editor_files_are_writable_by_the_sandboxed_code(ctx):
     str_replace_editor({"command": "create", "path": "dir/made.py", "file_text": "x = 1\n"}, ctx)
     assert not sh(ctx, "echo 'y = 2' >> dir/made.py && touch dir/other.py").is_error
     assert (ctx.workspace / "dir" / "made.py").read_text() == "x = 1\ny = 2\n"
+
+
+@needs_root
+def test_unreachable_workspace_falls_back_to_root_with_a_warning(tmp_path, caplog):
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    context = ToolContext(workspace=private / "ws")
+    try:
+        assert sh(context, "id -u").content == "0"
+        assert not context.resources["sandbox_user"].dedicated
+        assert "not contained" in caplog.text and str(private) in caplog.text
+    finally:
+        context.close()
+
+
+def test_sandbox_user_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("TOOLSELF_SANDBOX_USER", "none")
+    context = ToolContext.temporary()
+    try:
+        assert sh(context, "id -u").content == str(os.geteuid())
+    finally:
+        context.close()

@@ -155,8 +155,9 @@ def format_python_result(result: CallResult) -> Observation:
 
 @tool
 def code_interpreter(code: str, ctx: ToolContext) -> Observation:
-    """Run Python in a persistent session (state is kept between calls, like a notebook) in the task's
-    workspace. Returns printed output, the value of the last expression, and any traceback.
+    """Run Python in a persistent session in the task's workspace (state is kept between calls, like a notebook).
+
+    Returns what was printed, the value of the last expression, and any traceback.
 
     Args:
         code: Python source to execute.

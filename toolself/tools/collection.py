@@ -33,11 +33,11 @@ from bm25s.stopwords import STOPWORDS_EN
 
 log = logging.getLogger(__name__)
 
-INDEX_FORMAT = 1
+INDEX_FORMAT = 2
 TEXT_SUFFIXES = {".txt", ".md", ".markdown", ".rst", ".text"}
 HTML_SUFFIXES = {".html", ".htm", ".xhtml"}
 PDF_SUFFIXES = {".pdf"}
-_TOKEN = re.compile(r"(?u)\b\w\w+\b")
+_TOKEN = re.compile(r"\w\w+")
 _STOPWORDS = frozenset(STOPWORDS_EN)
 
 
@@ -60,7 +60,9 @@ class Analyzer:
     """Lower-case, split, drop English stopwords, stem when PyStemmer is installed.
 
     Documents and queries go through the same analyzer; its name is part of the cache
-    fingerprint so that an index built with a stemmer is never queried without one.
+    fingerprint so that an index built with a stemmer is never queried without one. Each
+    distinct word is stemmed once and remembered ('' for a stopword): indexing then costs a
+    regex pass and a dictionary lookup per word.
     """
 
     def __init__(self) -> None:
@@ -72,21 +74,28 @@ class Analyzer:
         except ImportError:  # a plain lower-cased index still works, with lower recall
             self._stem_words = None
             self.name = "lower"
-        self._cache: dict[str, str] = {}
+        self.stem_of: dict[str, str] = {}
+
+    def learn(self, words: Iterable[str]) -> None:
+        missing = [w for w in (words if isinstance(words, set) else set(words)) if w not in self.stem_of]
+        if not missing:
+            return
+        if len(self.stem_of) > 5_000_000:
+            self.stem_of.clear()
+        stems = self._stem_words(missing) if self._stem_words else missing
+        self.stem_of.update((w, "" if w in _STOPWORDS else s) for w, s in zip(missing, stems))
 
     def stems(self, words: list[str]) -> list[str]:
-        if self._stem_words is None:
-            return words
-        cache = self._cache
-        missing = list({w for w in words if w not in cache})
-        if missing:
-            if len(cache) > 2_000_000:
-                cache.clear()
-            cache.update(zip(missing, self._stem_words(missing)))
-        return [cache[w] for w in words]
+        """One stem per word, '' for stopwords (positions kept, for passage finding)."""
+        self.learn(words)
+        stem_of = self.stem_of
+        return [stem_of[w] for w in words]
+
+    def words(self, text: str) -> list[str]:
+        return _TOKEN.findall(text.lower())
 
     def tokens(self, text: str) -> list[str]:
-        return self.stems([w for w in _TOKEN.findall(text.lower()) if w not in _STOPWORDS])
+        return [s for s in self.stems(self.words(text)) if s]
 
 
 _ANALYZER: Analyzer | None = None
@@ -322,12 +331,28 @@ class Collection:
     @property
     def index(self) -> bm25s.BM25:
         if self._index is None:
-            an = analyzer()
-            corpus = [an.tokens(f"{d.title}\n{d.text}") for d in self.documents]
-            index = bm25s.BM25()
-            index.index(corpus, show_progress=False)
-            self._index = index
+            self._index = self._build_index()
         return self._index
+
+    def _build_index(self) -> bm25s.BM25:
+        an = analyzer()
+        vocab: dict[str, int] = {}
+        word_id: dict[str, int] = {}  # raw word -> token id, -1 for stopwords
+        corpus: list[list[int]] = []
+        for doc in self.documents:
+            words = an.words(f"{doc.title}\n{doc.text}")
+            try:
+                corpus.append([i for w in words if (i := word_id[w]) >= 0])
+            except KeyError:
+                new = {w for w in words if w not in word_id}
+                an.learn(new)
+                for w in new:
+                    stem = an.stem_of[w]
+                    word_id[w] = vocab.setdefault(stem, len(vocab)) if stem else -1
+                corpus.append([i for w in words if (i := word_id[w]) >= 0])
+        index = bm25s.BM25()
+        index.index((corpus, vocab), show_progress=False)
+        return index
 
     def _document_frequency(self) -> np.ndarray:
         if self._df is None:

@@ -243,9 +243,11 @@ def str_replace_editor(
     insert_line: int | None = None,
     view_range: list[int] | None = None,
 ) -> str:
-    """View, create and edit files in the task's workspace. `view` shows a file with line numbers (or lists
-    a directory two levels deep); `create` writes a file; `str_replace` replaces text that occurs exactly once;
-    `insert` adds text after a line; `undo_edit` reverts the last edit of a file.
+    """View, create and edit files in the task's workspace (view, create, str_replace, insert, undo_edit).
+
+    `view` shows a file with line numbers (or lists a directory two levels deep); `create` writes a
+    file; `str_replace` replaces text that occurs exactly once; `insert` adds text after a line;
+    `undo_edit` reverts the last edit of a file.
 
     Args:
         command: One of view, create, str_replace, insert, undo_edit.

@@ -56,6 +56,7 @@ def convert_bytes(data: bytes, name: str) -> str:
 @tool
 def file_analyzer(path: str, ctx: ToolContext, page: int = 1) -> str:
     """Read a document file of the workspace as text: PDF, DOCX, XLSX, PPTX, CSV, HTML, JSON or plain text.
+
     Tables come out as markdown tables; long documents are split into pages.
 
     Args:

@@ -258,13 +258,13 @@ class SandboxUser:
         if os.geteuid() != 0:
             return cls(workspace, note="the sandbox runs as the current (non-root) user")
         if mode in {"none", "off", "root"}:
-            return cls(workspace, note="TOOLSELF_SANDBOX_USER=none: tool processes run as root, uncontained")
+            return cls._as_root(workspace, "TOOLSELF_SANDBOX_USER=none")
         if not _world_reachable(workspace.parent, need_read=False):
-            return cls(workspace, note=f"tool processes run as root: an unprivileged user cannot reach {workspace.parent} "
-                                       "(put workspaces under a world-traversable folder such as /tmp)")
+            return cls._as_root(workspace, f"an unprivileged user cannot reach {workspace.parent} "
+                                           "(put workspaces under a world-traversable folder such as /tmp)")
         interpreter = find_interpreter(unprivileged=True)
         if interpreter is None:
-            return cls(workspace, note="tool processes run as root: no Python reachable by an unprivileged user")
+            return cls._as_root(workspace, "no Python is reachable by an unprivileged user")
         uid = _free_uid()
         user = cls(workspace, uid, interpreter=interpreter)
         st = workspace.stat()
@@ -272,6 +272,12 @@ class SandboxUser:
         _chown_tree(workspace, uid, uid)
         os.chmod(workspace, 0o700)
         return user
+
+    @classmethod
+    def _as_root(cls, workspace: Path, why: str) -> "SandboxUser":
+        note = f"tool processes run as root, so writes outside the workspace are not contained: {why}"
+        log.warning(note)
+        return cls(workspace, note=note)
 
     @property
     def dedicated(self) -> bool:

@@ -82,8 +82,9 @@ def format_bash_result(result: CallResult) -> Observation:
 
 @tool
 def execute_bash(command: str, ctx: ToolContext) -> Observation:
-    """Run a bash command in the task's workspace. The shell persists between calls (cd and variables
-    carry over). Commands get no stdin; long-running commands time out.
+    """Run a bash command in the task's workspace, in a shell that persists between calls.
+
+    cd and variables carry over between calls. Commands get no stdin; long-running commands time out.
 
     Args:
         command: The bash command(s) to run.
