@@ -164,22 +164,26 @@ class Interpreter:
     bin_dir: str = ""
 
 
+_SHIMS: dict[str, str] = {}
+
+
 def _python_shims(executable: str) -> str:
-    """A root-owned, world-readable folder whose `python` and `python3` point at `executable`."""
-    import hashlib
+    """A private, world-readable folder whose `python` and `python3` point at `executable`.
+
+    Made fresh by each host process (never reused from the shared temporary folder, where
+    another user could have planted one) and removed at exit."""
+    import atexit
     import tempfile
 
-    folder = Path(tempfile.gettempdir()) / f"toolself-python-{hashlib.sha256(executable.encode()).hexdigest()[:12]}"
-    if not (folder / "python").exists():
-        tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+    folder = _SHIMS.get(executable)
+    if folder is None:
+        folder = tempfile.mkdtemp(prefix="toolself-python-")
         for name in ("python", "python3"):
-            os.symlink(executable, tmp / name)
-        tmp.chmod(0o755)
-        try:
-            os.replace(tmp, folder)
-        except OSError:  # another process made it first
-            shutil.rmtree(tmp, ignore_errors=True)
-    return str(folder)
+            os.symlink(executable, os.path.join(folder, name))
+        os.chmod(folder, 0o755)
+        atexit.register(shutil.rmtree, folder, True)
+        _SHIMS[executable] = folder
+    return folder
 
 
 def _site_dirs() -> list[str]:
@@ -193,16 +197,18 @@ def find_interpreter(unprivileged: bool) -> Interpreter | None:
     """The Python the sandbox runs. Our own when the sandbox user can reach it; otherwise a
     system Python of the same minor version (same C ABI) given our site-packages, because a
     virtual environment built on an interpreter under a private home is common."""
-    own = Interpreter(sys.executable, bin_dir=str(Path(sys.executable).parent))
+    extra = [d for d in os.environ.get("PYTHONPATH", "").split(os.pathsep) if d and os.path.isdir(d)]
+    own_bin = f"{_python_shims(sys.executable)}{os.pathsep}{Path(sys.executable).parent}"
+    own = Interpreter(sys.executable, tuple(extra), own_bin)
     if not unprivileged:
         return own
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     if _world_reachable(Path(sys.executable)) and _world_reachable(stdlib):
-        return own
+        return Interpreter(sys.executable, tuple(d for d in extra if _world_reachable(Path(d))), own_bin)
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     for candidate in (f"/usr/bin/python{version}", f"/usr/local/bin/python{version}"):
         if os.access(candidate, os.X_OK) and _world_reachable(Path(candidate)):
-            sites = tuple(d for d in _site_dirs() if _world_reachable(Path(d)))
+            sites = tuple(d for d in [*_site_dirs(), *extra] if _world_reachable(Path(d)))
             return Interpreter(candidate, sites, _python_shims(candidate))
     return None
 
