@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from dataclasses import asdict, dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -75,20 +76,32 @@ class Analyzer:
             self._stem_words = None
             self.name = "lower"
         self.stem_of: dict[str, str] = {}
+        self._lock = threading.Lock()
 
-    def learn(self, words: Iterable[str]) -> None:
+    MAX_WORDS = 5_000_000
+
+    def learn(self, words: Iterable[str]) -> dict[str, str]:
+        """Stem the words not seen yet; return them. Safe to call from several threads: the
+        shared table only grows (up to a bound), so a word once found stays found."""
         missing = [w for w in (words if isinstance(words, set) else set(words)) if w not in self.stem_of]
         if not missing:
-            return
-        if len(self.stem_of) > 5_000_000:
-            self.stem_of.clear()
-        stems = self._stem_words(missing) if self._stem_words else missing
-        self.stem_of.update((w, "" if w in _STOPWORDS else s) for w, s in zip(missing, stems))
+            return {}
+        if self._stem_words:
+            with self._lock:  # a PyStemmer object must not be used by two threads at once
+                stems = self._stem_words(missing)
+        else:
+            stems = missing
+        learned = {w: "" if w in _STOPWORDS else s for w, s in zip(missing, stems)}
+        if len(self.stem_of) < self.MAX_WORDS:
+            self.stem_of.update(learned)
+        return learned
 
     def stems(self, words: list[str]) -> list[str]:
         """One stem per word, '' for stopwords (positions kept, for passage finding)."""
-        self.learn(words)
+        learned = self.learn(words)
         stem_of = self.stem_of
+        if learned and len(stem_of) >= self.MAX_WORDS:
+            return [stem_of[w] if w in stem_of else learned[w] for w in words]
         return [stem_of[w] for w in words]
 
     def words(self, text: str) -> list[str]:
@@ -345,9 +358,9 @@ class Collection:
                 corpus.append([i for w in words if (i := word_id[w]) >= 0])
             except KeyError:
                 new = {w for w in words if w not in word_id}
-                an.learn(new)
+                learned = an.learn(new)
                 for w in new:
-                    stem = an.stem_of[w]
+                    stem = an.stem_of[w] if w in an.stem_of else learned[w]
                     word_id[w] = vocab.setdefault(stem, len(vocab)) if stem else -1
                 corpus.append([i for w in words if (i := word_id[w]) >= 0])
         index = bm25s.BM25()
