@@ -124,3 +124,33 @@ def test_default_cache_lives_under_toolself_cache(tmp_path, monkeypatch):
 def test_duplicate_locators_are_refused():
     with pytest.raises(ValueError, match="share the locator"):
         Collection.from_documents([Document("a", "A", "x"), Document("a", "B", "y")])
+
+
+def test_pdf_files_in_a_folder_are_indexed(tmp_path):
+    stream = b"BT /F1 12 Tf 72 720 Td (Photosynthesis happens in chloroplasts.) Tj ET"
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+               b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+               b"/Resources << /Font << /F1 5 0 R >> >> >>",
+               b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
+               b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
+    pdf, offsets = bytearray(b"%PDF-1.4\n"), []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(pdf))
+        pdf += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(pdf)
+    pdf += b"xref\n0 6\n0000000000 65535 f \n" + b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    pdf += b"trailer\n<< /Size 6 /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % xref
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "biology.pdf").write_bytes(bytes(pdf))
+    collection = Collection.from_path(tmp_path / "docs", cache_dir=tmp_path / "cache")
+    assert collection.search("chloroplasts")[0].locator == "biology.pdf"
+
+
+def test_concurrent_searches_agree_with_serial_ones():
+    from concurrent.futures import ThreadPoolExecutor
+
+    collection = Collection.from_documents(_docs(300))
+    queries = ["Eiffel tower", "weather markets 17", "tourism Paris", "number 250"] * 10
+    serial = [collection.search(q) for q in queries]
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(collection.search, queries)) == serial
