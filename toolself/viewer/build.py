@@ -5,9 +5,9 @@ The data is two globals: the run (list rows and summaries, small) and the detail
 run of thousands of long attempts opens as fast as its list; an attempt is parsed when it is
 first shown. Above `SPLIT_BYTES` the data goes to `<report>.data.js` beside the page, loaded
 by a plain `<script src>` (which, unlike fetch, works from file://): Chromium takes about
-twice as long to get through a large inline script in the HTML parser as through the same
-bytes as an external script (1,000 attempts of 50 steps, 47 MB: 2.2-4.3 s inline, 1.2-1.6 s
-beside), and the HTML stays small enough for any tool to open.
+longer to get through a large inline script in the HTML parser than through the same bytes
+as an external script (1,000 attempts of 50 steps, 47 MB, to first render: 1.7-4.3 s inline,
+0.95-1.6 s beside; benchmarks/viewer.py), and the HTML stays small enough for any tool to open.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterable
 
-from toolself.viewer.digest import attempt_detail, attempt_row, json_for_script, summarize
+from toolself.viewer.digest import attempt_detail, attempt_row, json_for_script, method_order, summarize
 from toolself.viewer.load import OUTCOMES, Attempt, load_attempts
 
 SPLIT_BYTES = 8 * 1024 * 1024
@@ -46,7 +46,7 @@ def data_script(attempts: list[Attempt], title: str, sources: list[str],
     run = {
         "title": title, "sources": sources, "generated": time.strftime("%Y-%m-%d %H:%M", time.localtime()),
         "outcomes": list(OUTCOMES), "rows": rows, "summary": summarize(rows),
-        "methods": sorted({r["method"] for r in rows}), "datasets": sorted({r["dataset"] for r in rows}),
+        "methods": sorted({r["method"] for r in rows}, key=method_order), "datasets": sorted({r["dataset"] for r in rows}),
     }
     details = []
     for attempt in attempts:

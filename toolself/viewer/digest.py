@@ -181,6 +181,11 @@ def attempt_detail(attempt: Attempt, max_observation: int | None = None) -> dict
     }
 
 
+def method_order(method: str) -> tuple[bool, str]:
+    """ToolSelf and its ablations first (what a run is usually about), then the baselines."""
+    return (not method.startswith("toolself"), method)
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -196,7 +201,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         groups.setdefault((row["method"], None), []).append(row)
         groups.setdefault((row["method"], row["dataset"]), []).append(row)
     out = []
-    for (method, dataset), members in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] is not None, kv[0][1] or "")):
+    for (method, dataset), members in sorted(groups.items(), key=lambda kv: (method_order(kv[0][0]), kv[0][1] is not None, kv[0][1] or "")):
         scored = [m for m in members if m["outcome"] != "unscored"]
         correct = sum(1 for m in scored if m["outcome"] == "correct")
         out.append({

@@ -48,7 +48,8 @@
     var m = Math.floor(s / 60), r = Math.round(s - 60 * m);
     return m + "m " + (r < 10 ? "0" : "") + r + "s";
   }
-  function plural(n, word) { return num(n) + " " + word + (n === 1 ? "" : "s"); }
+  function word(n, w) { return w + (n === 1 ? "" : "s"); }
+  function plural(n, w) { return num(n) + " " + word(n, w); }
   var OUTCOME_LABEL = { correct: "correct", wrong: "wrong", error: "error", timeout: "timeout", unscored: "unscored" };
   var OUTCOME_MARK = { correct: "✓", wrong: "✗", error: "!", timeout: "⏱", unscored: "·" };
 
@@ -68,8 +69,9 @@
     if (task.reference === null && row.reference !== null) task.reference = row.reference;
     task.attempts.push(row);
   });
+  var methodRank = new Map(RUN.methods.map(function (m, i) { return [m, i]; }));
   tasks.forEach(function (task) {
-    task.attempts.sort(function (a, b) { return a.method < b.method ? -1 : a.method > b.method ? 1 : a.repeat - b.repeat; });
+    task.attempts.sort(function (a, b) { return (methodRank.get(a.method) - methodRank.get(b.method)) || a.repeat - b.repeat; });
     task.text = [task.task_id, task.dataset, task.family, task.question, task.reference].concat(
       task.attempts.map(function (a) { return [a.answer, a.subgoals, a.end_reason, a.error].join(" "); })
     ).join(" ").toLowerCase();
@@ -229,7 +231,7 @@
       var isMethod = s.dataset === null;
       var accuracy = s.accuracy === null ? el("span", { class: "muted" }, "—") :
         el("span", { class: "acc" }, el("span", { class: "bar" }, el("i", { style: "width:" + (100 * s.accuracy).toFixed(1) + "%" })),
-          el("span", null, pct(s.accuracy)), el("span", { class: "muted" }, num(s.correct) + "/" + num(s.scored)));
+          el("span", { class: "p" }, pct(s.accuracy)), el("span", { class: "muted n" }, num(s.correct) + "/" + num(s.scored)));
       body.appendChild(el("tr", {
         class: isMethod ? "method-row" : "ds-row", data: { method: s.method, dataset: s.dataset === null ? "" : s.dataset },
         title: "Show these tasks in the list",
@@ -316,7 +318,8 @@
         el("span", { class: "text" }, answerOf(row, d))),
       el("div", { class: "facts" },
         fact(num(row.tokens), "tokens", d ? num(d.usage.prompt) + " prompt + " + num(d.usage.completion) + " completion" : null),
-        fact(num(row.steps), "steps"), fact(num(row.stages), "stages"), fact(num(row.reconfigurations), row.reconfigurations === 1 ? "reconfiguration" : "reconfigurations"),
+        fact(num(row.steps), word(row.steps, "step")), fact(num(row.stages), word(row.stages, "stage")),
+        fact(num(row.reconfigurations), word(row.reconfigurations, "reconfiguration")),
         fact(secs(row.duration), ""), row.end_reason ? fact(row.end_reason, "end") : null),
       d && d.scorer && d.scorer.reason ? el("div", { class: "muted", style: "font-size:12px" }, "Scorer" + (d.scorer.name ? " (" + d.scorer.name + ")" : "") + ": " + d.scorer.reason) : null,
       (d && d.error) || row.error ? el("pre", { class: "error-box" }, (d && d.error) || row.error) : null);
