@@ -24,9 +24,9 @@ def pool():
     return default_pool()
 
 
-def attempt(task, pool, noise=0.0, seed=0, settings=None, tmp_path=None):
+def attempt(task, pool, noise=0.0, seed=0, settings=None):
     teacher = ExpertTeacher(task, noise=noise, seed=seed)
-    with task.environment(root=tmp_path) as env:
+    with task.environment() as env:
         trajectory = Agent(teacher, pool, settings or AgentSettings()).run(task.question, ctx=env.context,
                                                                           task_id=task.id)
         verdict = score(task, trajectory.answer, env)
@@ -34,9 +34,9 @@ def attempt(task, pool, noise=0.0, seed=0, settings=None, tmp_path=None):
 
 
 @pytest.mark.parametrize("suite", SUITES)
-def test_the_teacher_solves_heldout_tasks_through_the_real_tools(suite, pool, tmp_path):
+def test_the_teacher_solves_heldout_tasks_through_the_real_tools(suite, pool):
     for task in load_tasks(f"builtin:{suite}", split="heldout", limit=5):
-        teacher, trajectory, verdict = attempt(task, pool, tmp_path=tmp_path)
+        teacher, trajectory, verdict = attempt(task, pool)
         assert verdict.correct, (task.id, trajectory.answer, verdict.reason)
         assert trajectory.end_reason == "terminate" and not teacher.events
         assert [s.config_source for s in trajectory.stages] == ["policy"] * len(trajectory.stages)
@@ -47,9 +47,9 @@ def test_the_teacher_solves_heldout_tasks_through_the_real_tools(suite, pool, tm
         assert not any(step.is_error for stage in trajectory.stages for step in stage.steps)
 
 
-def test_its_configurations_validate_against_the_pool_like_a_models(pool, tmp_path):
+def test_its_configurations_validate_against_the_pool_like_a_models(pool):
     task = load_tasks("builtin:mixed", split="heldout", limit=1)[0]
-    _, trajectory, _ = attempt(task, pool, tmp_path=tmp_path)
+    _, trajectory, _ = attempt(task, pool)
     first, second = (s.configuration for s in trajectory.stages)
     assert first.toolbox == ["search", "visit"] and first.knowledge == "none"
     assert second.toolbox == ["code_interpreter"] and second.knowledge == "summary"
@@ -58,28 +58,28 @@ def test_its_configurations_validate_against_the_pool_like_a_models(pool, tmp_pa
     assert parsed.configuration == second
 
 
-def test_its_summaries_carry_what_it_read(pool, tmp_path):
+def test_its_summaries_carry_what_it_read(pool):
     task = load_tasks("builtin:research?hops=2", split="heldout", limit=1)[0]
-    _, trajectory, _ = attempt(task, pool, tmp_path=tmp_path)
+    _, trajectory, _ = attempt(task, pool)
     middle = task.metadata["chain"][0]["value"]
     assert middle in trajectory.stages[0].summary
     assert middle in trajectory.stages[1].configuration.knowledge_summary
 
 
-def test_code_stages_use_truncation_and_research_stages_basic(pool, tmp_path):
+def test_code_stages_use_truncation_and_research_stages_basic(pool):
     code = load_tasks("builtin:code", split="heldout", limit=1)[0]
-    _, trajectory, _ = attempt(code, pool, tmp_path=tmp_path)
+    _, trajectory, _ = attempt(code, pool)
     assert {s.configuration.context_mode for s in trajectory.stages} == {"truncation"}
     research = load_tasks("builtin:research", split="heldout", limit=1)[0]
-    _, trajectory, _ = attempt(research, pool, tmp_path=tmp_path)
+    _, trajectory, _ = attempt(research, pool)
     assert {s.configuration.context_mode for s in trajectory.stages} == {"basic"}
 
 
-def test_noise_makes_wrong_turns_that_are_mostly_repaired_through_reconfigure(pool, tmp_path):
+def test_noise_makes_wrong_turns_that_are_mostly_repaired_through_reconfigure(pool):
     tasks = load_tasks("builtin:research", split="train", limit=12)
     outcomes, reasons = [], []
     for task in tasks:
-        teacher, trajectory, verdict = attempt(task, pool, noise=1.0, tmp_path=tmp_path)
+        teacher, trajectory, verdict = attempt(task, pool, noise=1.0)
         assert trajectory.end_reason == "terminate"
         assert any(e.kind == "wrong_turn" for e in teacher.events)
         outcomes.append(verdict.correct)
@@ -89,11 +89,11 @@ def test_noise_makes_wrong_turns_that_are_mostly_repaired_through_reconfigure(po
 
 
 @pytest.mark.parametrize("suite", ["data", "code", "mixed"])
-def test_noise_wrong_turns_in_computing_and_editing(suite, pool, tmp_path):
+def test_noise_wrong_turns_in_computing_and_editing(suite, pool):
     kinds = []
     for seed in range(3):
         task = load_tasks(f"builtin:{suite}", split="train", limit=1)[0]
-        teacher, trajectory, verdict = attempt(task, pool, noise=1.0, seed=seed, tmp_path=tmp_path)
+        teacher, trajectory, verdict = attempt(task, pool, noise=1.0, seed=seed)
         assert trajectory.end_reason == "terminate"
         events = [e.kind for e in teacher.events]
         kinds += events
@@ -104,28 +104,28 @@ def test_noise_wrong_turns_in_computing_and_editing(suite, pool, tmp_path):
     assert "wrong_turn" in kinds
 
 
-def test_the_same_seed_gives_the_same_trajectory(pool, tmp_path):
+def test_the_same_seed_gives_the_same_trajectory(pool):
     task = load_tasks("builtin:research", split="train", limit=1)[0]
 
     def steps(seed):
-        _, trajectory, _ = attempt(task, pool, noise=0.5, seed=seed, tmp_path=tmp_path)
+        _, trajectory, _ = attempt(task, pool, noise=0.5, seed=seed)
         return [(st.tool, st.arguments) for stage in trajectory.stages for st in stage.steps]
     assert steps(3) == steps(3)
 
 
-def test_without_reconfigure_it_still_finishes_in_one_stage(pool, tmp_path):
+def test_without_reconfigure_it_still_finishes_in_one_stage(pool):
     task = load_tasks("builtin:research", split="heldout", limit=1)[0]
     preset = Configuration(subgoal="{task}", strategy="Answer.", toolbox=["search", "visit"], knowledge="none")
     settings = AgentSettings(method="static", configurator="preset", reconfigure=False, preset=preset,
                              max_steps_per_stage=30)
-    _, trajectory, verdict = attempt(task, pool, settings=settings, tmp_path=tmp_path)
+    _, trajectory, verdict = attempt(task, pool, settings=settings)
     assert verdict.correct and len(trajectory.stages) == 1 and trajectory.stages[0].config_source == "preset"
 
 
-def test_a_missing_tool_ends_the_attempt_with_its_best_answer(tmp_path):
+def test_a_missing_tool_ends_the_attempt_with_its_best_answer():
     from toolself.tools.search import search
     task = load_tasks("builtin:research", split="heldout", limit=1)[0]
-    teacher, trajectory, verdict = attempt(task, ToolPool([search]), tmp_path=tmp_path)
+    teacher, trajectory, verdict = attempt(task, ToolPool([search]))
     assert trajectory.end_reason == "terminate" and trajectory.answer == "unknown"
     assert teacher.events[-1].kind == "fallback"
 

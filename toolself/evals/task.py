@@ -139,7 +139,8 @@ _MAX_CACHED = 64
 
 
 def _collection_for(task: Task) -> Any:
-    """The task's collection, built once per document set and shared read-only."""
+    """The task's collection, built and indexed once per document set, then shared read-only
+    (indexed here, under the lock, so that concurrent attempts never race to build it)."""
     if task.documents is None and task.collection_path is None:
         return None
     from toolself.tools.collection import Collection
@@ -149,17 +150,17 @@ def _collection_for(task: Task) -> Any:
         source: Any = task.documents
     else:
         key = ("path", str(Path(task.collection_path).resolve()))
-        source = task.collection_path
+        source = key[1]
     with _COLLECTIONS_LOCK:
         cached = _COLLECTIONS.get(key)
-        # The source is kept alongside so that an id() is never reused while cached.
-        if cached is not None and cached[0] is source or (cached is not None and key[0] == "path"):
+        # The source is kept with the entry so that an id() cannot be reused while cached.
+        if cached is not None and (cached[0] is source or key[0] == "path"):
             return cached[1]
-    if task.documents is not None:
-        collection = Collection.from_documents(list(task.documents))
-    else:
-        collection = Collection.from_path(Path(task.collection_path))
-    with _COLLECTIONS_LOCK:
+        if task.documents is not None:
+            collection = Collection.from_documents(list(task.documents))
+        else:
+            collection = Collection.from_path(Path(task.collection_path))
+        getattr(collection, "index", None)
         if len(_COLLECTIONS) >= _MAX_CACHED:
             _COLLECTIONS.pop(next(iter(_COLLECTIONS)))
         _COLLECTIONS[key] = (source, collection)
