@@ -149,9 +149,19 @@ def methods() -> None:
 
 
 def _mount() -> None:
+    """Sub-commands live beside what they drive; they import their heavy parts lazily."""
+    from toolself.evals.cli import tasks_app
+    from toolself.evals.eval_cli import eval_command, report_command
     from toolself.serve import serve_command
+    from toolself.tools.cli import tools_app
+    from toolself.viewer.cli import view_command
 
     app.command("serve")(serve_command)
+    app.command("eval")(eval_command)
+    app.command("report")(report_command)
+    app.command("view")(view_command)
+    app.add_typer(tools_app, name="tools")
+    app.add_typer(tasks_app, name="tasks")
 
 
 _mount()
