@@ -264,3 +264,16 @@ def test_view_command_fails_cleanly_on_a_folder_without_runs(tmp_path):
     app.command("other")(lambda: None)
     result = CliRunner().invoke(app, ["view", str(tmp_path)])
     assert result.exit_code == 2 and "no trajectories.jsonl" in result.output
+
+
+def test_a_results_file_finds_the_trajectories_beside_it(run_dir):
+    attempts = load_attempts([run_dir / "toolself" / RESULTS])
+    assert len(attempts) == len(TASKS) and all(a.trajectory is not None for a in attempts)
+
+
+def test_a_run_folder_is_searched_two_levels_deep_and_no_further(tmp_path, run_dir):
+    import shutil
+
+    shutil.copytree(run_dir, tmp_path / "suite" / "run")
+    shutil.copytree(run_dir / "vanilla", tmp_path / "suite" / "run" / "workspaces" / "attempt" / "vanilla")
+    assert len(load_attempts([tmp_path / "suite"])) == 2 * len(TASKS)

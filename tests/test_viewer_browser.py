@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from toolself.agent import Agent
+from toolself.evals.records import RESULTS, AttemptRecord
 from toolself.models.scripted import ScriptedModel
 from toolself.tools.base import ToolPool, tool
 from toolself.trajectory import write_jsonl
@@ -66,25 +67,40 @@ def fetch_page(url: str) -> str:
     return f"<html><title>{url}</title>{HOSTILE}</html>"
 
 
-def hostile_trajectories(path: Path) -> Path:
-    """A real attempt whose observation, answer and model words are markup."""
-    model = ScriptedModel([
+def extra_trajectories(path: Path) -> Path:
+    """Real attempts with hard cases: markup in an observation, an answer and the model's
+    words; a configuration the loop had to have repaired."""
+    pool = ToolPool([fetch_page])
+    hostile = Agent(pool=pool, settings=settings_for("toolself"), model=ScriptedModel([
         config("Read the page " + HOSTILE, "Fetch it.", ["fetch_page"]),
         say("Let me look: " + HOSTILE, "fetch_page", url="http://127.0.0.1/x"),
         say("", "terminate", answer=HOSTILE),
-    ])
-    trajectory = Agent(model, ToolPool([fetch_page]), settings_for("toolself")).run(
-        "Summarise the page " + HOSTILE, task_id="hostile-page")
-    write_jsonl(path, [trajectory])
+    ])).run("Summarise the page " + HOSTILE, task_id="hostile-page")
+    repaired = Agent(pool=pool, settings=settings_for("toolself"), model=ScriptedModel([
+        config("Fetch", "Use the browser.", ["web_browser"]),
+        config("Fetch", "Use fetch_page.", ["fetch_page"]),
+        say("", "terminate", answer="nothing to fetch"),
+    ])).run("Fetch nothing.", task_id="repaired-config")
+    write_jsonl(path, [hostile, repaired])
     return path
+
+
+def crashed_run(folder: Path) -> Path:
+    """A method folder whose only attempt crashed before writing a trajectory."""
+    record = AttemptRecord(dataset="demo", task_id="crashed-task", method="toolself", repeat=0, status="error",
+                           error="Traceback (most recent call last):\nRuntimeError: <script>window.__pwned = 3</script>")
+    (folder / "toolself").mkdir(parents=True)
+    (folder / "toolself" / RESULTS).write_text(record.to_json() + "\n")
+    return folder
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("report")
     run = write_sample_run(folder / "run")
-    hostile = hostile_trajectories(folder / "hostile.jsonl")
-    return build_report([run, hostile], folder / "report.html", title="Sample run").path
+    extra = extra_trajectories(folder / "extra.jsonl")
+    crashed = crashed_run(folder / "crashed")
+    return build_report([run, extra, crashed], folder / "report.html", title="Sample run").path
 
 
 @pytest.fixture
@@ -120,11 +136,14 @@ def screenshot(page, name: str) -> None:
 
 def test_overview_counts_tasks_and_shows_accuracy_per_method(page, report):
     open_report(page, report)
-    assert page.text_content("#count") == "5 of 5 tasks · 9 attempts"
+    assert page.text_content("#count") == "7 of 7 tasks · 11 attempts"
     methods = page.eval_on_selector_all("tr.method-row", "rows => rows.map(r => r.cells[0].textContent)")
     assert methods == ["toolself", "vanilla"]
-    assert "100.0%" in page.text_content('tr.method-row[data-method="toolself"]')
-    assert "50.0%" in page.text_content('tr.method-row[data-method="vanilla"]')
+    # The crashed attempt counts as a failure; the two unscored ones count for nothing.
+    assert "80.0%4/5" in page.text_content('tr.method-row[data-method="toolself"]')
+    assert "80.0%4/5" in page.text_content('tr.ds-row[data-method="toolself"][data-dataset="demo"]')
+    assert "—" in page.text_content('tr.ds-row[data-method="toolself"][data-dataset=""]')
+    assert "50.0%2/4" in page.text_content('tr.method-row[data-method="vanilla"]')
     screenshot(page, "overview.png")
 
 
@@ -149,18 +168,18 @@ def test_a_stage_shows_its_toolbox_diff_and_what_changed(page, report):
 def test_filters_narrow_the_list_by_outcome_method_and_text(page, report):
     open_report(page, report)
     page.select_option("#f-outcome", "wrong")
-    assert page.text_content("#count").startswith("2 of 5 tasks")
+    assert page.text_content("#count").startswith("2 of 7 tasks")
     assert sorted(visible_task_ids(page)) == ["kettle-years", "lumen-founder-town"]
     page.select_option("#f-method", "toolself")
-    assert page.text_content("#count").startswith("0 of 5 tasks")
+    assert page.text_content("#count").startswith("0 of 7 tasks")
     page.select_option("#f-outcome", "")
     page.fill("#q", "nova village")
-    sync_api.expect(page.locator("#count")).to_have_text("1 of 5 tasks · 2 attempts")
+    sync_api.expect(page.locator("#count")).to_have_text("1 of 7 tasks · 2 attempts")
     assert visible_task_ids(page) == ["nova-founder-village"]
     page.fill("#q", "")
     page.select_option("#f-method", "")
     page.select_option("#f-outcome", "disagree")
-    sync_api.expect(page.locator("#count")).to_have_text("2 of 5 tasks · 4 attempts")
+    sync_api.expect(page.locator("#count")).to_have_text("2 of 7 tasks · 4 attempts")
     assert sorted(visible_task_ids(page)) == ["kettle-years", "lumen-founder-town"]
 
 
@@ -244,3 +263,22 @@ def test_a_thousand_tasks_of_fifty_steps_open_in_under_three_seconds(page, tmp_p
     page.fill("#q", "long-00500")
     open_task(page, "long-00500")
     assert page.locator("#task .step").count() == 50
+
+
+def test_a_crashed_attempt_shows_its_error_and_that_no_trajectory_was_kept(page, report):
+    open_report(page, report)
+    page.select_option("#f-outcome", "error")
+    sync_api.expect(page.locator("#count")).to_have_text("1 of 7 tasks · 1 attempt")
+    page.locator(".task-row", has_text="crashed-task").click()
+    page.wait_for_selector("#task .attempt")
+    assert "No trajectory was recorded" in page.text_content("#task .attempt")
+    assert "RuntimeError: <script>window.__pwned = 3</script>" in page.text_content("#task .error-box")
+    assert page.evaluate("window.__pwned") is None
+
+
+def test_a_repaired_configuration_shows_its_source_and_problems(page, report):
+    open_report(page, report)
+    open_task(page, "repaired-config")
+    stage = page.locator("#stage-a-0")
+    assert stage.locator(".src").text_content() == "repaired"
+    assert "web_browser" in stage.locator(".problems").text_content()

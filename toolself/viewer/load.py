@@ -157,17 +157,17 @@ def _join(trajectories: list[Trajectory], records: list[AttemptRecord], source: 
 
 
 def _groups(path: Path) -> list[list[Path]]:
-    """Files read together (and joined together): a method folder's two files, or one file
-    with the results file beside it."""
+    """Files read together (and joined together): a method folder's two files, or one of
+    them with its partner beside it. Folders are searched two levels deep, no further, so a
+    run's leftover workspaces are never walked."""
     if path.is_file():
-        files = [path]
-        beside = path.with_name(RESULTS)
-        if path.name == TRAJECTORIES and beside.exists():
-            files.append(beside)
-        return [files]
+        partner = {TRAJECTORIES: RESULTS, RESULTS: TRAJECTORIES}.get(path.name)
+        beside = path.with_name(partner) if partner else None
+        return [[path, beside] if beside is not None and beside.exists() else [path]]
     if not path.is_dir():
         raise FileNotFoundError(f"no such file or folder: {path}")
-    folders = sorted({p.parent for name in (RESULTS, TRAJECTORIES) for p in path.rglob(name)})
+    folders = sorted({p.parent for pattern in ("", "*/", "*/*/") for name in (RESULTS, TRAJECTORIES)
+                      for p in path.glob(pattern + name)})
     if folders:
         return [[f / name for name in (TRAJECTORIES, RESULTS) if (f / name).exists()] for f in folders]
     loose = sorted(path.glob("*.jsonl"))
