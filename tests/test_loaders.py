@@ -196,7 +196,9 @@ def test_swebench_sample_decodes_the_json_encoded_test_lists():
     first = tasks[0]
     assert first.metadata["FAIL_TO_PASS"][0] == "test_urlfield_clean_invalid (forms_tests.field_tests.test_urlfield.URLFieldTest)"
     assert "forms_tests.field_tests.test_urlfield.URLFieldTest.test_urlfield_clean_invalid" in first.check_command
-    assert tasks[2].check_command.startswith("python -m pytest") and "::test_viewcode_epub_default" in tasks[2].check_command
+    assert "{ python -m pytest -q" in tasks[2].check_command and "::test_viewcode_epub_default" in tasks[2].check_command
+    assert tasks[2].check_command.startswith("git checkout -q HEAD -- tests/test_ext_viewcode.py && git apply")
+    assert tasks[2].check_files[".toolself/test.patch"].startswith("diff --git")
     with pytest.raises(ValueError, match=r"\?repo="):
         first.environment()
 
@@ -249,7 +251,7 @@ new file mode 100644
 """
 
 
-def test_swebench_environment_checks_out_the_base_commit_applies_the_test_patch_and_runs_the_tests(tmp_path, tiny_repo):
+def test_swebench_environment_holds_the_base_commit_and_the_check_applies_the_test_patch_and_runs_the_tests(tmp_path, tiny_repo):
     repo, base = tiny_repo
     path = tmp_path / "lite.jsonl"
     path.write_text(json.dumps({
@@ -259,17 +261,19 @@ def test_swebench_environment_checks_out_the_base_commit_applies_the_test_patch_
     }) + "\n")
     task = load_tasks(f"swebench:{path}?repo={tmp_path}")[0]
     with task.environment() as env:
-        assert not (env.workspace / "later.txt").exists()
-        assert (env.workspace / "test_add.py").exists()
+        assert (env.workspace / "calc.py").exists() and not (env.workspace / "later.txt").exists()
+        assert not (env.workspace / "test_add.py").exists()  # the test patch is the grader's, as officially
+        assert git(env.workspace, "log", "--all", "--format=%s") == f"base {base}"  # no later history
+        (env.workspace / "test_add.py").write_text("")  # a stand-in for the grader's test is replaced
         before = score(task, None, env)
         source = env.workspace / "calc.py"
         source.write_text(source.read_text().replace("a - b", "a + b"))
         after = score(task, None, env)
-    assert task.check_command.endswith("python -m unittest test_add.TestAdd.test_add test_calc.TestDouble.test_double; fi")
+    assert task.check_command.startswith("rm -f -- test_add.py && git apply")
+    assert "python -m unittest test_add.TestAdd.test_add test_calc.TestDouble.test_double; fi" in task.check_command
     assert not before.correct and "FAILED (failures=1)" in before.details["output"]
     assert after.correct and "Ran 2 tests" in after.details["output"]
     assert git(repo, "status", "--porcelain") == "" and "later.txt" in git(repo, "ls-files")
-    assert git(repo, "worktree", "list").count("\n") == 0
 
 
 # environments and the CLI ------------------------------------------------------------------

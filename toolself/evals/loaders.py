@@ -1,13 +1,15 @@
 """Tasks from a spec string: the paper's benchmarks from files the user gives, or a built-in suite.
 
-    builtin:research|data|code|mixed[?key=value&...]   generated suites (see toolself.evals.suites)
+    builtin:research|data|code|mixed[?key=value&...]   generated suites (split train|heldout, default heldout)
     gaia:PATH        metadata.jsonl / .parquet (or its folder); attachments resolved next to it
     frames:PATH      the FRAMES TSV / CSV / JSON(L)
     xbench:PATH      the official xbench-DeepSearch CSV; fields decrypted with each row's canary
-    swebench:PATH[?repo=CLONE]   SWE-bench (Lite) JSON / JSONL / parquet, run against a local clone
+    swebench:PATH[?repo=CLONE]   SWE-bench (Lite) JSON / JSONL / parquet: the workspace holds the clone's
+                     tree at base_commit; the check applies test_patch, then runs FAIL_TO_PASS + PASS_TO_PASS
     hotpotqa:PATH    HotpotQA (original JSON or the processed JSONL); paragraphs become the collection
     gsm8k:PATH       GSM8K JSONL; the answer is what follows `####`
-    jsonl:PATH       plain JSONL with `question` and `answer`
+    jsonl:PATH       plain JSONL with `question` and `answer` (optional: id, level, split, files next
+                     to the JSONL, check_command, scorer, metadata)
 
 Without a prefix the format is inferred from the file when its first row says so unambiguously.
 Nothing is ever fetched: a path is read or the load fails with a message naming it. A malformed
@@ -371,29 +373,57 @@ def swebench_test_command(tests: list[str], template: str | None = None) -> str:
 
 @dataclass
 class SweBenchSetup:
-    """Checks out `base_commit` of a local clone into the workspace and applies the test patch.
+    """Puts the tree of `base_commit` of a local clone into the workspace as a fresh one-commit
+    repository (so `git diff` shows the attempt's changes).
 
-    `git clone --shared` borrows the clone's objects instead of copying them and registers
-    nothing in the source clone, so deleting the workspace leaves no trace there."""
+    Only the tree is exported (`git archive`): no object is shared with the user's clone, so
+    nothing the attempt does can touch it, and no later commit (which may hold the fix) is
+    visible. As in the official harness, the test patch is not shown to the attempt: it is
+    applied by the check (see `swebench_check_command`)."""
 
     clone: Path | None
     base_commit: str
-    test_patch: str
     instance_id: str
 
     def __call__(self, workspace: Path) -> None:
         if self.clone is None:
             raise ValueError(f"{self.instance_id}: SWE-bench tasks need a local clone: add ?repo=PATH to the spec")
 
-        def git(*args: str, input: str | None = None) -> None:
-            result = subprocess.run(["git", *args], cwd=workspace, input=input, text=True, capture_output=True)
+        def run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
+            result = subprocess.run(args, cwd=workspace, capture_output=True, **kwargs)
             if result.returncode != 0:
-                raise RuntimeError(f"{self.instance_id}: git {' '.join(args[:2])} failed: {result.stderr.strip()[-500:]}")
+                error = result.stderr.decode(errors="replace") if isinstance(result.stderr, bytes) else result.stderr
+                raise RuntimeError(f"{self.instance_id}: {' '.join(args[:4])} failed: {error.strip()[-500:]}")
+            return result
 
-        git("clone", "--quiet", "--shared", "--no-checkout", str(self.clone), ".")
-        git("-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", self.base_commit)
-        if self.test_patch.strip():
-            git("apply", "--whitespace=nowarn", "-", input=self.test_patch)
+        archive = subprocess.Popen(["git", "-c", f"safe.directory={self.clone}", "-C", str(self.clone), "archive",
+                                    "--format=tar", self.base_commit], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        run(["tar", "-x", "-f", "-"], stdin=archive.stdout)
+        archive.stdout.close()
+        if archive.wait() != 0:
+            raise RuntimeError(f"{self.instance_id}: git archive {self.base_commit} failed: "
+                               f"{archive.stderr.read().decode(errors='replace').strip()[-500:]}")
+        identity = ["-c", "user.name=toolself", "-c", "user.email=toolself@localhost"]
+        run(["git", "init", "-q"])
+        run(["git", "add", "-A"])
+        run(["git", *identity, "commit", "-q", "--no-verify", "-m", f"base {self.base_commit}"])
+
+
+TEST_PATCH_FILE = ".toolself/test.patch"
+
+
+def swebench_check_command(test_patch: str, tests: list[str], template: str | None = None) -> str:
+    """Restore the files the test patch touches, apply it, then run the tests (the official
+    harness's order, so that an attempt cannot pass by editing the tests)."""
+    restore = []
+    for match in re.finditer(r"^diff --git a/(\S+) b/(\S+)\n((?:(?!diff --git).*\n)*)", test_patch, re.MULTILINE):
+        path, header = match.group(2), match.group(3)
+        if re.search(r"^new file mode", header, re.MULTILINE):
+            restore.append(f"rm -f -- {shlex.quote(path)}")
+        else:
+            restore.append(f"git checkout -q HEAD -- {shlex.quote(path)}")
+    steps = restore + [f"git apply --whitespace=nowarn {TEST_PATCH_FILE}"]
+    return " && ".join(steps) + f" && {{ {swebench_test_command(tests, template)}; }}"
 
 
 def _find_clone(root: Path | None, repo: str) -> Path | None:
@@ -421,6 +451,9 @@ def load_swebench(path: Path, split: str | None, options: dict[str, str], skippe
         pass_to_pass = _test_list(record.get("PASS_TO_PASS", "[]"), "PASS_TO_PASS")
         if not fail_to_pass:
             raise RowError("FAIL_TO_PASS is empty")
+        test_patch = str(record.get("test_patch") or "")
+        if not test_patch.strip():
+            raise RowError("test_patch is empty")
         clone = _find_clone(root, str(repo))
         if root is not None and clone is None:
             raise RowError(f"no clone of {repo} under {root}")
@@ -430,8 +463,9 @@ def load_swebench(path: Path, split: str | None, options: dict[str, str], skippe
                     metadata={"repo": repo, "base_commit": base_commit, "FAIL_TO_PASS": fail_to_pass,
                               "PASS_TO_PASS": pass_to_pass, "version": record.get("version"),
                               "gold_patch": record.get("patch"), "scorer": "tests"},
-                    setup=SweBenchSetup(clone, str(base_commit), str(record.get("test_patch") or ""), str(instance_id)),
-                    check_command=swebench_test_command(fail_to_pass + pass_to_pass, template), check_timeout=900.0)
+                    setup=SweBenchSetup(clone, str(base_commit), str(instance_id)),
+                    check_command=swebench_check_command(test_patch, fail_to_pass + pass_to_pass, template),
+                    check_files={TEST_PATCH_FILE: test_patch}, check_timeout=900.0)
 
     return _each(path, skipped, make)
 
