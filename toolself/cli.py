@@ -51,6 +51,10 @@ def run(
     freeze: list[str] = typer.Option([], help="Ablation: hold a dimension fixed (subgoal, strategy, toolbox, knowledge, mode)."),
     config_model: Optional[str] = typer.Option(None, help="For `decoupled`: the model that writes configurations."),
     docs: Optional[Path] = typer.Option(None, help="A folder or JSONL of documents for search and visit."),
+    tools: Optional[str] = typer.Option(None, help="Comma-separated built-in tools for the pool (default: all)."),
+    mcp: list[str] = typer.Option([], help="An MCP server whose tools join the pool: NAME=COMMAND or NAME=URL."),
+    user_tools: list[str] = typer.Option([], help="A Python file or module whose @tool functions join the pool."),
+    tools_config: Optional[Path] = typer.Option(None, help="A tools config file (include, user tools, MCP servers)."),
     workspace: Optional[Path] = typer.Option(None, help="Working folder for file tools (default: a temporary one)."),
     out: Path = typer.Option(Path("runs/trajectories.jsonl"), help="Append the trajectory to this JSONL file."),
     max_stages: int = typer.Option(6, help="Most stages in the attempt."),
@@ -66,6 +70,7 @@ def run(
     from toolself.models import load_model
     from toolself.progress import RichObserver
     from toolself.tools.base import ToolContext
+    from toolself.tools.registry import default_pool
     from toolself.trajectory import write_jsonl
     from toolself.variants import settings_for
 
@@ -80,7 +85,11 @@ def run(
         _fail(str(exc))
     if docs is not None and not docs.exists():
         _fail(f"--docs {docs} does not exist")
-    pool = _pool()
+    try:
+        pool = default_pool(include=tools.split(",") if tools else None, mcp_servers=mcp or None,
+                            user_tools=user_tools or None, config=tools_config)
+    except Exception as exc:
+        _fail(f"building the tool pool: {exc}")
     with console.status(f"loading {model} ..."):
         try:
             policy = load_model(model, **_sampling(model, temperature, seed))
@@ -98,6 +107,7 @@ def run(
         trajectory = Agent(policy, pool, settings, config_model=writer, observer=RichObserver(console)).run(task, ctx)
     finally:
         ctx.close()
+        pool.close()
     write_jsonl(out, [trajectory])
     console.print(f"[bold]answer:[/bold] {trajectory.answer!r}")
     console.print(f"trajectory written to {out}")
@@ -107,14 +117,6 @@ def _sampling(model: str, temperature: float, seed: int) -> dict:
     if model == "embedded" or model.startswith("local:"):
         return {"temperature": temperature, "seed": seed}
     return {"temperature": temperature} if temperature else {}
-
-
-def _pool():
-    from toolself.tools.base import ToolPool
-    from toolself.tools.search import search
-    from toolself.tools.visit import visit
-
-    return ToolPool([search, visit])
 
 
 def _collection(docs: Path | None):
@@ -135,8 +137,21 @@ def demo(
                   f"local documents. The expected answer is {DEMO_ANSWER}; a zero-shot 135M model "
                   "chooses poorly, and what follows is exactly what it chose.\n")
     run(task=DEMO_QUESTION, model=model, method="toolself", freeze=[], config_model=None, docs=demo_docs(),
-        workspace=None, out=out, max_stages=4, max_steps=6, max_tokens=60_000, time_limit=600.0,
+        tools="search,visit", mcp=[], user_tools=[], tools_config=None, workspace=None, out=out, max_stages=4, max_steps=6, max_tokens=60_000, time_limit=600.0,
         context_budget=None, temperature=0.0, seed=0)
+
+
+@app.command()
+def serve(
+    model: str = typer.Option("embedded", "--model", "-m", help="embedded | local:PATH | openai:NAME@URL"),
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
+    port: int = typer.Option(8000, help="Port to listen on."),
+) -> None:
+    """Serve a model behind an OpenAI-compatible API (/v1/chat/completions, /v1/models, /health)."""
+    from toolself.models import load_model
+    from toolself.serve import serve as serve_model
+
+    serve_model(load_model(model), host=host, port=port)
 
 
 @app.command()
@@ -152,11 +167,9 @@ def _mount() -> None:
     """Sub-commands live beside what they drive; they import their heavy parts lazily."""
     from toolself.evals.cli import tasks_app
     from toolself.evals.eval_cli import eval_command, report_command
-    from toolself.serve import serve_command
     from toolself.tools.cli import tools_app
     from toolself.viewer.cli import view_command
 
-    app.command("serve")(serve_command)
     app.command("eval")(eval_command)
     app.command("report")(report_command)
     app.command("view")(view_command)

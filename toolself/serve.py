@@ -15,9 +15,8 @@ import time
 import uuid
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-import typer
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.applications import Starlette
@@ -284,14 +283,3 @@ def serve(model: ChatModel, host: str = "127.0.0.1", port: int = 8000, log_level
     import uvicorn
 
     uvicorn.run(create_app(model), host=host, port=port, log_level=log_level)
-
-
-def serve_command(
-    model: Annotated[str, typer.Option("--model", help="Model spec: embedded | local:PATH | openai:NAME@URL.")] = "embedded",
-    host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8000,
-) -> None:
-    """Serve a model behind an OpenAI-compatible API (/v1/chat/completions, /v1/models, /health)."""
-    from toolself.models import load_model
-
-    serve(load_model(model), host=host, port=port)
