@@ -277,3 +277,11 @@ def test_a_run_folder_is_searched_two_levels_deep_and_no_further(tmp_path, run_d
     shutil.copytree(run_dir, tmp_path / "suite" / "run")
     shutil.copytree(run_dir / "vanilla", tmp_path / "suite" / "run" / "workspaces" / "attempt" / "vanilla")
     assert len(load_attempts([tmp_path / "suite"])) == 2 * len(TASKS)
+
+
+def test_a_trajectory_from_toolself_run_is_named_by_its_id(tmp_path):
+    model = ScriptedModel([config("say", "echo", ["echo"]), say("", "terminate", answer="x")])
+    trajectory = Agent(model, ToolPool([echo]), settings_for("toolself")).run("Echo.")
+    write_jsonl(tmp_path / "runs.jsonl", [trajectory])
+    [attempt] = load_attempts([tmp_path / "runs.jsonl"])
+    assert attempt.task_id == trajectory.id and attempt.dataset == "" and attempt.outcome == "unscored"

@@ -282,3 +282,12 @@ def test_a_repaired_configuration_shows_its_source_and_problems(page, report):
     stage = page.locator("#stage-a-0")
     assert stage.locator(".src").text_content() == "repaired"
     assert "web_browser" in stage.locator(".problems").text_content()
+
+
+def test_arrow_keys_walk_the_list(page, report):
+    open_report(page, report)
+    page.keyboard.press("ArrowDown")
+    page.wait_for_selector('#task[data-task="demo/lumen-founder-town"]')
+    page.keyboard.press("ArrowDown")
+    page.wait_for_selector('#task[data-task="demo/nova-founder-village"]')
+    assert page.locator(".task-row.selected").text_content().startswith("nova-founder-village")
