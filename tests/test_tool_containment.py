@@ -8,6 +8,7 @@ sandbox then gives each attempt its own unprivileged uid); without root it is no
 
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -166,12 +167,15 @@ def test_processes_that_leave_the_group_are_killed_at_the_end(ctx):
 def test_workspace_is_given_back_to_its_owner_at_the_end(ctx):
     sh(ctx, "echo x > made-by-sandbox.txt")
     ws = Path(tempfile.mkdtemp(prefix="toolself-keep-"))
+    ws.chmod(0o751)
+    mode = stat.S_IMODE(ws.stat().st_mode)
     kept = ToolContext(workspace=ws)
     try:
         sh(kept, "echo x > f.txt")
         assert (ws / "f.txt").stat().st_uid != 0
         kept.close()
         assert (ws / "f.txt").stat().st_uid == 0 and ws.stat().st_uid == 0
+        assert stat.S_IMODE(ws.stat().st_mode) == mode
     finally:
         shutil.rmtree(ws)
 

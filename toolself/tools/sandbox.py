@@ -37,6 +37,7 @@ import sys
 import sysconfig
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -247,6 +248,7 @@ class SandboxUser:
         self.note = note
         self.interpreter = interpreter or find_interpreter(unprivileged=False)
         self._owner: tuple[int, int] | None = None
+        self._mode: int | None = None
 
     @classmethod
     def for_context(cls, ctx: Any) -> "SandboxUser":
@@ -275,6 +277,7 @@ class SandboxUser:
         user = cls(workspace, uid, interpreter=interpreter)
         st = workspace.stat()
         user._owner = (st.st_uid, st.st_gid)
+        user._mode = stat.S_IMODE(st.st_mode)
         _chown_tree(workspace, uid, uid)
         os.chmod(workspace, 0o700)
         return user
@@ -311,7 +314,9 @@ class SandboxUser:
     def kill_all(self) -> None:
         if self.uid is None:
             return
-        pid = os.fork()
+        with warnings.catch_warnings():  # the child only makes three system calls and exits
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:  # as the sandbox uid, kill(-1) reaches exactly its processes, atomically
             try:
                 os.setgid(self.gid)
@@ -336,6 +341,8 @@ class SandboxUser:
         self.kill_all()
         if self._owner is not None and self.workspace.exists():
             _chown_tree(self.workspace, *self._owner)
+            if self._mode is not None:
+                os.chmod(self.workspace, self._mode)
             self._owner = None
 
 
