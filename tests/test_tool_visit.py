@@ -5,7 +5,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from toolself.models.base import Message
 from toolself.models.scripted import ScriptedModel
 from toolself.tools.base import ToolContext
 from toolself.tools.collection import Collection, Document

@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import queue
-import resource
 import secrets
 import shutil
 import signal
