@@ -193,7 +193,7 @@ def visit(locator: str, ctx: ToolContext, page: int = 1, goal: str | None = None
             extracted = extract_for_goal(model, current, goal)
         except Exception as exc:  # a failed extraction still leaves the page itself useful
             return f"{header}\n(goal-directed extraction failed: {type(exc).__name__}: {exc}; full page follows)\n\n{current.text}{footer}"
-        return f"{header}\nparts relevant to the goal {goal!r}:\n\n{extracted}{footer}"
+        return f"{header}\nparts relevant to the goal {goal!r}:\n\n{extracted or 'Nothing relevant on this page.'}{footer}"
     if not current.text:
         return f"{header}\n\n(the document is empty)"
     return f"{header}\n\n{current.text}{footer}"
