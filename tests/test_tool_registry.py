@@ -133,3 +133,17 @@ def test_tools_list_json_is_the_openai_schema(user_file):
 def test_tools_list_reports_an_unreachable_server():
     result = CliRunner().invoke(cli(), ["tools", "list", "--mcp", "bad=http://127.0.0.1:9/mcp"])
     assert result.exit_code == 2 and "could not connect to MCP server 'bad'" in result.output
+
+
+def test_every_builtin_answers_bad_arguments_with_an_observation_naming_them():
+    ctx = ToolContext.temporary()
+    try:
+        with default_pool() as pool:
+            for t in pool:
+                unknown = t({"bogus": 1}, ctx)
+                assert unknown.is_error and "bogus" in unknown.content, t.name
+                required = t.parameters.get("required", [])
+                missing = t({}, ctx)
+                assert missing.is_error and all(name in missing.content for name in required), t.name
+    finally:
+        ctx.close()
