@@ -154,3 +154,11 @@ def test_concurrent_searches_agree_with_serial_ones():
     serial = [collection.search(q) for q in queries]
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(collection.search, queries)) == serial
+
+
+def test_unwritable_cache_still_gives_a_working_collection(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("Delta waves.")
+    (tmp_path / "blocker").write_text("a file where the cache folder's parent should be")
+    collection = Collection.from_path(tmp_path / "docs", cache_dir=tmp_path / "blocker" / "cache")
+    assert collection.search("delta")[0].locator == "a.txt"

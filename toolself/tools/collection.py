@@ -314,6 +314,7 @@ class Collection:
 
     def _save_cache(self, cache: Path, fingerprint: str) -> None:
         """Write into a sibling temporary folder, then swap it in, so readers never see half an index."""
+        tmp: Path | None = None
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=cache.name + ".", dir=cache.parent))
@@ -327,7 +328,8 @@ class Collection:
             os.replace(tmp, cache)
         except OSError as exc:  # a read-only cache only costs re-indexing next time
             log.warning("could not cache the index in %s: %s", cache, exc)
-            shutil.rmtree(tmp, ignore_errors=True)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
 
     # access -------------------------------------------------------------------------------
 
