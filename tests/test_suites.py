@@ -166,13 +166,28 @@ def test_editing_the_tests_does_not_pass_the_check():
         assert not score(task, None, env).correct
 
 
-def test_mixed_tasks_need_a_fact_from_the_collection_then_the_file():
-    for task in generate_suite("mixed", "heldout", n=10):
+def test_mixed_tasks_need_a_fact_from_the_collection_then_a_file_or_the_code():
+    tasks = generate_suite("mixed", "heldout", n=30)
+    assert {t.metadata["variant"] for t in tasks} == {"city_units", "year_orders", "city_setting"}
+    for task in tasks:
         fact = task.metadata["fact"]
         assert fact not in task.question
         assert any(fact in d["text"] for d in task.documents)
-        assert run_solution(task) == task.answer
-        assert task.inline_files and task.documents
+        if task.metadata["variant"] == "city_setting":
+            assert fact not in str(task.inline_files)
+        else:  # the file holds the fact among other values; only the collection says which
+            assert run_solution(task) == task.answer
+
+
+def test_a_mixed_setting_task_is_solved_only_by_writing_the_found_fact():
+    task = next(t for t in generate_suite("mixed", "heldout", n=30) if t.metadata["variant"] == "city_setting")
+    meta = task.metadata
+    for value, solved in (("Nowhere", False), (meta["fact"], True)):
+        with task.environment() as env:
+            path = env.workspace / meta["path"]
+            path.write_text(path.read_text().replace(meta["old"], meta["new"].format(fact=value)))
+            result = score(task, None, env)
+        assert result.correct is solved and result.scorer == "tests"
 
 
 def test_unknown_suite_and_split_are_refused():

@@ -105,6 +105,12 @@ CODE_FIX_STRATEGY = (
     "exactly), then rerun the tests with execute_bash. Decision point: if tests still fail, undo the edit that "
     "did not help and reconsider. Never edit the tests. Terminate once the whole test suite passes.")
 
+SETTING_STRATEGY = (
+    "You are a careful software engineer. Open the file with str_replace_editor view, replace the placeholder "
+    "with the value found earlier using str_replace (old_str copied exactly), then run the tests with "
+    "execute_bash. Decision point: if the tests fail, read why before changing anything else. Terminate once "
+    "they pass.")
+
 
 def _number(text: str | None) -> str | None:
     """The last number printed in a Python observation."""
@@ -435,6 +441,9 @@ class ExpertTeacher(SyncModelBase):
         if fact is None:
             yield call("terminate", answer="unknown")
             return
+        if meta["variant"] == "city_setting":
+            yield from self._set_value(fact, walk)
+            return
         goal = f"Use the fact {fact!r} to {meta['second_part']}, and answer with the number"
         summary = self._summary(walk, f"The value the computation needs is {fact}.")
         yield call("reconfigure", summary=summary,
@@ -446,6 +455,25 @@ class ExpertTeacher(SyncModelBase):
                                          meta["wrong_code"].format(fact=fact), goal, walk)
         self.best_answer = value
         yield call("terminate", answer=value or "unknown")
+
+    def _set_value(self, fact: str, walk: _Walk) -> Plan:
+        """The code half of a mixed task: write the fact into the package and run its tests."""
+        meta = self.task.metadata
+        command = self.task.check_command or "python3 -m unittest discover -s tests"
+        goal = f"Write {fact!r} into {meta['path']} as asked and make the tests pass"
+        summary = self._summary(walk, f"The value to write is {fact}.")
+        yield call("reconfigure", summary=summary,
+                   reason="sub-goal done: the fact is found; the rest is an edit to the code",
+                   next_subgoal=goal, toolbox_request="str_replace_editor, execute_bash")
+        yield Config(subgoal=goal, strategy=SETTING_STRATEGY, toolbox=["str_replace_editor", "execute_bash"],
+                     knowledge="summary", knowledge_summary=summary, context_mode="truncation")
+        yield call("str_replace_editor", command="view", path=meta["path"])
+        yield call("str_replace_editor", command="str_replace", path=meta["path"], old_str=meta["old"],
+                   new_str=meta["new"].format(fact=fact))
+        result = yield call("execute_bash", command=command)
+        passed = bool(re.search(r"^OK\b", result or "", re.MULTILINE))
+        self.best_answer = f"HOME_CITY is set to {fact}" + ("; the tests pass." if passed else "; the tests fail.")
+        yield call("terminate", answer=self.best_answer)
 
     # -- noise ------------------------------------------------------------------------------
 

@@ -1,8 +1,10 @@
 """builtin:mixed — find a fact with the research tools, then compute with it over a file.
 
 The first part is a 1-2 hop question over the split's encyclopedia (a city, or an
-organisation's founding year); the second part uses that fact to filter a data file in the
-workspace and compute an exact number. Neither part can be done with the other's tools, so
+organisation's founding year); the second part uses that fact either to filter a data file in
+the workspace and compute an exact number (`city_units`, `year_orders`: the Python tool), or to
+set a value in a small package whose tests the grader checks with its own copy
+(`city_setting`: the editor and the shell). Neither part can be done with the other's tools, so
 the right toolbox changes in the middle of the task: the situation `reconfigure` is for.
 
 Knobs: `hops=N` or `hops=N-M` (research hops, default 1-2), `rows=N` (default 24),
@@ -13,12 +15,45 @@ from __future__ import annotations
 
 from typing import Any
 
+from toolself.evals.suites.code import CHECK_COMMAND
 from toolself.evals.suites.common import (
-    DEFAULT_SIZES, MONTHS, PRODUCTS, check_split, knob_int, knob_range, reject_unknown, rng_for, split_part,
+    DEFAULT_SIZES, MONTHS, ORG_ROOTS, PRODUCTS, check_split, knob_int, knob_range, reject_unknown, rng_for,
+    split_part,
 )
 from toolself.evals.suites.data import READ_SALES, csv_text
 from toolself.evals.suites.research import NOUN_PHRASES, World, _start_phrase, build_world, sample_chain
 from toolself.evals.task import Task
+
+
+VARIANTS = ("city_units", "year_orders", "city_setting")
+
+CONFIG = '''"""Settings of the service."""
+
+# The city the service is configured for: {phrase}.
+HOME_CITY = "TODO"
+'''
+
+VISIBLE_TEST = '''import unittest
+
+from {package} import config
+
+
+class TestConfig(unittest.TestCase):
+    def test_home_city_is_set(self):
+        self.assertIsInstance(config.HOME_CITY, str)
+        self.assertNotEqual(config.HOME_CITY, "TODO")
+'''
+
+# The grader's copy replaces the visible test at check time, so the value is never shown.
+GRADER_TEST = '''import unittest
+
+from {package} import config
+
+
+class TestConfig(unittest.TestCase):
+    def test_home_city_is_set(self):
+        self.assertEqual(config.HOME_CITY, {fact!r})
+'''
 
 
 def _phrase(world: World, chain: list[dict[str, str]]) -> str:
@@ -48,8 +83,8 @@ def generate(split: str, n: int | None = None, seed: int = 0, **knobs: Any) -> l
         if attempts > 200 * max(n, 1):
             raise RuntimeError(f"could only make {len(tasks)} distinct mixed tasks")
         hops = rng.randint(low, high)
-        variant = rng.choice(["city_units", "year_orders"])
-        if variant == "city_units":
+        variant = rng.choice(VARIANTS)
+        if variant in ("city_units", "city_setting"):
             chain = sample_chain(world, rng, hops, end_kinds=("city",))
         else:
             chain = sample_chain(world, rng, hops - 1, end_kinds=("org",)) if hops > 1 else []
@@ -66,7 +101,21 @@ def generate(split: str, n: int | None = None, seed: int = 0, **knobs: Any) -> l
         if chain is None:
             continue
         fact = chain[-1]["value"]
-        if variant == "city_units":
+        extra: dict[str, Any] = {}
+        if variant == "city_setting":
+            package = f"{rng.choice(split_part(ORG_ROOTS, split)).lower()}_settings"
+            phrase = _phrase(world, chain)
+            files = {f"{package}/__init__.py": "", f"{package}/config.py": CONFIG.format(phrase=phrase),
+                     "tests/__init__.py": "", "tests/test_config.py": VISIBLE_TEST.format(package=package)}
+            question = (f'In the package "{package}", set HOME_CITY in {package}/config.py to {phrase}, then check '
+                        f"that `{CHECK_COMMAND}` passes.")
+            extra = {"check_command": CHECK_COMMAND, "check_timeout": 60.0,
+                     "check_files": {"tests/test_config.py": GRADER_TEST.format(package=package, fact=fact)}}
+            answer, code, wrong = None, "", ""
+            second = f"write it into {package}/config.py and run the tests"
+            extra_meta = {"package": package, "path": f"{package}/config.py", "old": 'HOME_CITY = "TODO"',
+                          "new": 'HOME_CITY = "{fact}"'}
+        elif variant == "city_units":
             others = rng.sample([c for c in cities if c != fact], 3)
             places = [fact] + others
             table = [[1001 + i, rng.choice(places), rng.choice(products), rng.choice(MONTHS), rng.randrange(1, 20)]
@@ -94,15 +143,18 @@ def generate(split: str, n: int | None = None, seed: int = 0, **knobs: Any) -> l
             wrong = ("import csv\nrows = list(csv.DictReader(open('contracts.csv', newline='')))\n"
                      "print(sum(1 for r in rows if int(r['year']) >= {fact}))")
             second = "count the contracts in contracts.csv signed after that year"
+        if variant != "city_setting":
+            extra_meta = {}
         if question in seen:
             continue
         seen.add(question)
         tasks.append(Task(
-            id=f"mixed-{split}-{seed}-{len(tasks):04d}", question=question, answer=str(answer), level=len(chain) + 1,
-            family="mixed", split=split, documents=world.documents, inline_files=files,
+            id=f"mixed-{split}-{seed}-{len(tasks):04d}", question=question,
+            answer=None if answer is None else str(answer), level=len(chain) + 1,
+            family="mixed", split=split, documents=world.documents, inline_files=files, **extra,
             metadata={"suite": "mixed", "seed": seed, "variant": variant, "chain": chain, "fact": fact,
                       "solution_code": code, "wrong_code": wrong, "second_part": second,
-                      "inspect": list(files),
+                      "inspect": list(files), **extra_meta,
                       "distractors": {s["entity"]: world.siblings.get(s["entity"], []) for s in chain}},
         ))
     return tasks
