@@ -9,7 +9,7 @@
   calling `complete`, as the eval runner does), each step a tool-call turn followed by an
   observation.
 
-Usage: python benchmarks/embedded.py [--fresh-cache] [--threads N] [--steps N]
+Usage: python benchmarks/embedded.py [--fresh-cache] [--threads N] [--steps N] [--dtype D]
 """
 
 from __future__ import annotations
@@ -158,6 +158,10 @@ def bench_throughput(model_cls, weights, observations, episodes: int, steps: int
         "decode_s": round(stats["step_seconds"], 2),
         "prefill_s": round(stats["prefill_seconds"], 2),
         "prefill_tokens": stats["prefill_tokens"],
+        # CPU seconds of the engine threads: robust to other processes sharing the machine.
+        "decode_cpu_s": round(stats["step_cpu_seconds"], 2),
+        "prefill_cpu_s": round(stats["prefill_cpu_seconds"], 2),
+        "generated_tokens_per_decode_cpu_s": round(sum(generated) / max(stats["step_cpu_seconds"], 1e-9), 2),
     }
 
 
@@ -168,6 +172,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="tool-call turns per episode in the throughput runs")
     parser.add_argument("--context", type=int, default=2000, help="context length reached by the KV reuse episode")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     args = parser.parse_args()
 
     import torch
@@ -176,7 +181,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads or local.default_threads())
 
-    out: dict = {"torch_threads": torch.get_num_threads()}
+    out: dict = {"torch_threads": torch.get_num_threads(), "cpus": len(os.sched_getaffinity(0)),
+                 "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
     if args.fresh_cache:
         tmp = tempfile.mkdtemp(prefix="toolself-bench-cache-")
         os.environ["TOOLSELF_CACHE"] = tmp
@@ -184,8 +190,9 @@ def main() -> None:
         local.default_model_dir()
         out["first_conversion_s"] = round(time.perf_counter() - start, 2)
     start = time.perf_counter()
-    model, tokenizer, _ = local.load_weights()
+    model, tokenizer, _ = local.load_weights(dtype=args.dtype)
     out["load_s"] = round(time.perf_counter() - start, 2)
+    out["dtype"] = str(model.dtype).removeprefix("torch.")
     start = time.perf_counter()
     local.EmbeddedModel(model, tokenizer, threads=0).close()
     out["grammar_setup_s"] = round(time.perf_counter() - start, 2)
@@ -197,6 +204,7 @@ def main() -> None:
     eight = bench_throughput(local.EmbeddedModel, weights, observations, 8, args.steps, args.max_tokens)
     out["throughput"] = {"1": one, "8": eight,
                          "speedup_8_vs_1": round(eight["generated_tokens_per_s"] / one["generated_tokens_per_s"], 2)}
+    out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(out, indent=1))
 
 

@@ -3,11 +3,12 @@
 Why a scheduler: on CPU a 135M model decoding one sequence is bound by reading its weights
 once per token, so decoding eight sequences in one forward pass costs little more than one.
 The eval runner and the training collection run many episodes at once, from threads or from
-asyncio; here one thread owns the model and serves them all:
+asyncio; here two threads own the model and serve them all:
 
-- a request is prefilled alone, on top of the longest cached prefix of its prompt (a KV cache
-  kept per session and, without sessions, matched by common token prefix), then joins the
-  running batch between two decode steps;
+- the prefill thread computes a new request alone, on top of the longest cached prefix of its
+  prompt (a KV cache kept per session and, without sessions, matched by common token prefix),
+  while the decode thread keeps stepping the batch; the prefilled sequence joins the batch
+  between two decode steps;
 - the batch keeps every sequence's keys and values in one preallocated buffer, right-aligned
   (left padding masked out) and packed into the first rows, so appending a token never copies
   the cache and a sequence that finishes is replaced by moving one row;
@@ -45,6 +46,9 @@ class Request:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    # Reply tokens the grammar forces at the start (`<tool_call>\n{"name":`), already accepted
+    # by the matcher: computed with the prompt instead of one decode step each.
+    forced_ids: list[int] = field(default_factory=list)
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
@@ -128,6 +132,11 @@ class PrefixStore:
             while self._entries and (len(self._entries) > self.max_entries or total > self.max_tokens):
                 _, dropped = self._entries.popitem(last=False)
                 total -= len(dropped.ids)
+
+    def length(self, key: str) -> int:
+        with self._lock:
+            entry = self._entries.get(key)
+            return len(entry.ids) if entry is not None else 0
 
     def drop(self, key: str) -> None:
         with self._lock:
@@ -253,7 +262,12 @@ class _Batch:
 
 
 class Engine:
-    """Owns the model; `submit` from any thread, results come back as futures."""
+    """Owns the model; `submit` from any thread, results come back as futures.
+
+    Two threads share the model: one prefills new requests, one decodes the batch. Prefill is
+    compute-bound and decoding is bound by memory traffic, and with torch on one thread per
+    forward (see `local.default_threads`) each keeps its own core busy: while eight episodes
+    decode, the next observation of a ninth is already being read."""
 
     def __init__(self, model: Any, *, stop_token_ids: list[int], vocab_size: int, max_batch: int = 8,
                  cache_entries: int = 16, cache_tokens: int = 65536):
@@ -264,22 +278,26 @@ class Engine:
         self.store = PrefixStore(cache_entries, cache_tokens)
         self.num_layers = model.config.num_hidden_layers
         self._pending: list[Request] = []
+        self._ready: list[_Sequence] = []
+        self._prefilling = 0
+        self._decoding = 0
         self._cond = threading.Condition()
         self._closed = False
-        self._thread: threading.Thread | None = None
-        self._bitmask = None
+        self._threads: list[threading.Thread] = []
         self.stats = {"steps": 0, "step_rows": 0, "prefill_tokens": 0, "prefill_seconds": 0.0, "step_seconds": 0.0,
-                      "max_rows": 0}
+                      "max_rows": 0, "prefill_cpu_seconds": 0.0, "step_cpu_seconds": 0.0}
 
     def submit(self, request: Request) -> concurrent.futures.Future:
         with self._cond:
             if self._closed:
                 raise RuntimeError("the engine is closed")
             self._pending.append(request)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="toolself-engine", daemon=True)
-                self._thread.start()
-            self._cond.notify()
+            if not self._threads:
+                self._threads = [threading.Thread(target=self._prefill_loop, name="toolself-prefill", daemon=True),
+                                 threading.Thread(target=self._decode_loop, name="toolself-decode", daemon=True)]
+                for thread in self._threads:
+                    thread.start()
+            self._cond.notify_all()
         return request.future
 
     def end_session(self, session: str) -> None:
@@ -288,90 +306,122 @@ class Engine:
     def close(self) -> None:
         with self._cond:
             self._closed = True
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=30)
+        error = RuntimeError("the engine was closed")
+        for request in self._pending:
+            if not request.future.done():
+                request.future.set_exception(error)
+        for seq in self._ready:
+            if not seq.request.future.done():
+                seq.request.future.set_exception(error)
+        self._pending, self._ready = [], []
 
-    # The scheduler thread.
+    # The prefill thread.
 
-    def _run(self) -> None:
-        batch = _Batch(self.num_layers, self.max_batch)
+    def _prefill_loop(self) -> None:
         with torch.inference_mode():
             while True:
                 with self._cond:
-                    while not self._pending and not batch.rows and not self._closed:
+                    while not self._closed and not (
+                            self._pending and self._decoding + len(self._ready) < self.max_batch):
                         self._cond.wait()
                     if self._closed:
-                        self._fail_all(batch, RuntimeError("the engine was closed"))
                         return
-                    room = self.max_batch - len(batch)
-                    admitted, self._pending = self._pending[:room], self._pending[room:]
-                for request in admitted:
-                    self._admit(request, batch)
+                    request = self._pending.pop(0)
+                    self._prefilling = 1
+                seq = None
+                if not request.future.cancelled():
+                    try:
+                        seq = self._prefill(request)
+                        if seq.finish_reason is not None:
+                            self._finish(seq, seq.kv)
+                            seq = None
+                    except Exception as exc:
+                        seq = None
+                        if not request.future.done():
+                            request.future.set_exception(exc)
+                with self._cond:
+                    self._prefilling = 0
+                    if seq is not None:
+                        self._ready.append(seq)
+                    self._cond.notify_all()
+
+    # The decode thread.
+
+    def _decode_loop(self) -> None:
+        batch = _Batch(self.num_layers, self.max_batch)
+        bitmask = None
+        with torch.inference_mode():
+            while True:
+                with self._cond:
+                    while not self._closed and not self._ready and not batch.rows:
+                        self._cond.wait()
+                    if self._closed:
+                        error = RuntimeError("the engine was closed")
+                        for seq in batch.rows:
+                            if not seq.request.future.done():
+                                seq.request.future.set_exception(error)
+                        return
+                    room = self.max_batch - len(batch.rows)
+                    joining, self._ready = self._ready[:room], self._ready[room:]
+                    self._decoding = len(batch.rows) + len(joining)
+                for seq in joining:
+                    try:
+                        batch.join(seq)
+                    except Exception as exc:
+                        if not seq.request.future.done():
+                            seq.request.future.set_exception(exc)
                 if batch.rows:
                     try:
-                        self._step(batch)
+                        if bitmask is None:
+                            import xgrammar as xgr
+
+                            bitmask = xgr.allocate_token_bitmask(self.max_batch, self.vocab_size)
+                        self._step(batch, bitmask)
                     except Exception as exc:  # a failed step fails its sequences, not the engine
                         for seq in batch.rows:
                             if not seq.request.future.done():
                                 seq.request.future.set_exception(exc)
                         batch.rows = []
                         batch._release()
-
-    def _fail_all(self, batch: _Batch, exc: Exception) -> None:
-        for seq in batch.rows:
-            seq.request.future.set_exception(exc)
-        with self._cond:
-            pending, self._pending = self._pending, []
-        for request in pending:
-            request.future.set_exception(exc)
-
-    def _admit(self, request: Request, batch: _Batch) -> None:
-        if request.future.cancelled():
-            return
-        try:
-            seq = self._prefill(request)
-            if seq.finish_reason is not None:
-                self._finish(seq, seq.kv)
-            else:
-                batch.join(seq)
-        except Exception as exc:
-            if not request.future.done():
-                request.future.set_exception(exc)
+                with self._cond:
+                    self._decoding = len(batch.rows)
+                    self._cond.notify_all()
 
     def _prefill(self, request: Request) -> _Sequence:
-        start = time.perf_counter()
+        import xgrammar as xgr
+
+        start, cpu_start = time.perf_counter(), time.thread_time()
         key, reused, prefix_kv = self.store.lookup(request.prompt_ids, request.session)
         if request.session is not None:
             store_key = PrefixStore.session_key(request.session)
-        elif key is not None and key.startswith("auto:") and reused >= len(self.store_ids(key)):
+        elif key is not None and key.startswith("auto:") and reused >= self.store.length(key):
             store_key = key  # this conversation continues that one: replace it
         else:
             store_key = self.store.new_key()
-        new_ids = request.prompt_ids[reused:]
+        new_ids = request.prompt_ids[reused:] + request.forced_ids
         cache = DynamicCache(ddp_cache_data=prefix_kv) if prefix_kv else None
-        positions = torch.arange(reused, len(request.prompt_ids)).unsqueeze(0)
+        positions = torch.arange(reused, reused + len(new_ids)).unsqueeze(0)
         out = self.model(input_ids=torch.tensor([new_ids]), position_ids=positions, cache=cache,
                          use_cache=True, logits_to_keep=1)
         cache = out.cache if hasattr(out, "cache") else out.past_key_values
         kv = [(layer.keys, layer.values) for layer in cache.layers]
-        seq = _Sequence(request=request, fed=list(request.prompt_ids), cached_tokens=reused, store_key=store_key,
-                        kv=kv)
+        seq = _Sequence(request=request, fed=request.prompt_ids + request.forced_ids, cached_tokens=reused,
+                        store_key=store_key, kv=kv, generated=list(request.forced_ids))
         if request.temperature > 0:
             seed = zlib.crc32(f"{request.seed}:{request.session}:{len(request.prompt_ids)}".encode())
             seq.generator = torch.Generator().manual_seed(seed)
+        bitmask = xgr.allocate_token_bitmask(1, self.vocab_size) if request.matcher is not None else None
+        self._advance([seq], out.logits[:, -1, :], bitmask)
         self.stats["prefill_tokens"] += len(new_ids)
         self.stats["prefill_seconds"] += time.perf_counter() - start
-        self._advance([seq], out.logits[:, -1, :])
+        self.stats["prefill_cpu_seconds"] += time.thread_time() - cpu_start
         return seq
 
-    def store_ids(self, key: str) -> np.ndarray:
-        with self.store._lock:
-            entry = self.store._entries.get(key)
-            return entry.ids if entry is not None else np.zeros(0)
-
-    def _step(self, batch: _Batch) -> None:
-        start = time.perf_counter()
+    def _step(self, batch: _Batch, bitmask) -> None:
+        start, cpu_start = time.perf_counter(), time.thread_time()
         cache, mask = batch.cache_for_step()
         rows = batch.rows
         tokens = torch.tensor([[s.generated[-1]] for s in rows])
@@ -381,7 +431,7 @@ class Engine:
         batch.width += 1
         for s in rows:
             s.fed.append(s.generated[-1])
-        self._advance(rows, out.logits[:, -1, :])
+        self._advance(rows, out.logits[:, -1, :], bitmask)
         self.stats["steps"] += 1
         self.stats["step_rows"] += len(rows)
         self.stats["max_rows"] = max(self.stats["max_rows"], len(rows))
@@ -390,19 +440,18 @@ class Engine:
                 seq = rows[i]
                 self._finish(seq, batch.leave(i))
         self.stats["step_seconds"] += time.perf_counter() - start
+        self.stats["step_cpu_seconds"] += time.thread_time() - cpu_start
 
-    def _advance(self, seqs: list[_Sequence], logits: torch.Tensor) -> None:
+    def _advance(self, seqs: list[_Sequence], logits: torch.Tensor, bitmask: torch.Tensor | None) -> None:
         """Pick each sequence's next token under its grammar, and mark the finished ones."""
         import xgrammar as xgr
 
         logits = logits.float()
         constrained = [i for i, s in enumerate(seqs) if s.request.matcher is not None]
         if constrained:
-            if self._bitmask is None or self._bitmask.shape[0] < len(seqs):
-                self._bitmask = xgr.allocate_token_bitmask(max(self.max_batch, len(seqs)), self.vocab_size)
             for i in constrained:
-                seqs[i].request.matcher.fill_next_token_bitmask(self._bitmask, i)
-            xgr.apply_token_bitmask_inplace(logits, self._bitmask[: len(seqs)], vocab_size=self.vocab_size,
+                seqs[i].request.matcher.fill_next_token_bitmask(bitmask, i)
+            xgr.apply_token_bitmask_inplace(logits, bitmask[: len(seqs)], vocab_size=self.vocab_size,
                                             indices=constrained)
         greedy = logits.argmax(dim=-1).tolist()
         for i, seq in enumerate(seqs):

@@ -124,9 +124,10 @@ def _quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
 
 
-def load_weights(path: str | os.PathLike | None = None):
+def load_weights(path: str | os.PathLike | None = None, dtype: str = "auto"):
     """(model, tokenizer, name) for a transformers directory, a PEFT adapter directory, or the
-    default model when `path` is None. An adapter is merged into its base for decoding speed."""
+    default model when `path` is None. An adapter is merged into its base for decoding speed.
+    `dtype`: "float32", "bfloat16" or "auto" (see `default_dtype`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()
@@ -140,12 +141,12 @@ def load_weights(path: str | os.PathLike | None = None):
         from peft import PeftModel
 
         base = _resolve_base(directory)
-        model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch_dtype())
-        model = PeftModel.from_pretrained(model, str(directory)).merge_and_unload()
+        model = AutoModelForCausalLM.from_pretrained(str(base), dtype="float32")
+        model = PeftModel.from_pretrained(model, str(directory)).merge_and_unload().to(_torch_dtype(dtype))
         has_tokenizer = (directory / "tokenizer.json").is_file() or (directory / "tokenizer_config.json").is_file()
         tokenizer = AutoTokenizer.from_pretrained(str(directory if has_tokenizer else base))
     else:
-        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch_dtype())
+        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=_torch_dtype(dtype))
         tokenizer = AutoTokenizer.from_pretrained(str(directory))
     model.eval()
     return model, tokenizer, name
@@ -163,10 +164,28 @@ def default_threads() -> int:
     return max(1, min(8, cores - 1))
 
 
-def torch_dtype():
+def default_dtype() -> str:
+    """bfloat16 where oneDNN has bf16 kernels for this CPU, else float32. Decoding a small
+    model on CPU is bound by memory traffic: bf16 halves it and the KV caches, and on 2 cores
+    here it made a decode step of 8 sequences ~2x and prefill ~2.5x cheaper in CPU time. The
+    price is replies that differ slightly from the float32 weights; training always starts
+    from the float32 directory."""
     import torch
 
-    return torch.float32
+    try:
+        return "bfloat16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32"
+    except (AttributeError, RuntimeError):
+        return "float32"
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    if name == "auto":
+        name = default_dtype()
+    if name not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be float32 or bfloat16, not {name!r}")
+    return getattr(torch, name)
 
 
 def _stop_token_ids(tokenizer) -> list[int]:
@@ -216,9 +235,11 @@ class EmbeddedModel:
 
     @classmethod
     def load(cls, path: str | None = None, *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-             max_batch: int = 8, **options: Any) -> "EmbeddedModel":
-        """Load the default model (path None), a transformers directory or a LoRA adapter."""
-        model, tokenizer, name = load_weights(path)
+             max_batch: int = 8, dtype: str = "auto", **options: Any) -> "EmbeddedModel":
+        """Load the default model (path None), a transformers directory or a LoRA adapter.
+        `options` go to the constructor (max_tokens, max_string, cache_entries, cache_tokens,
+        threads)."""
+        model, tokenizer, name = load_weights(path, dtype)
         return cls(model, tokenizer, name=name, temperature=temperature, top_p=top_p, seed=seed,
                    max_batch=max_batch, **options)
 
@@ -238,9 +259,26 @@ class EmbeddedModel:
             raise ModelError(f"the prompt has {len(prompt)} tokens; the model's context holds {self.context_length}")
         budget = max(1, min(max_tokens or self.max_tokens, room))
         matcher = self.grammars.matcher(tools, response_schema)
+        forced = self._forced_prefix(matcher, budget) if matcher is not None else []
         request = Request(prompt_ids=prompt, max_tokens=budget, matcher=matcher, session=session,
-                          temperature=self.temperature, top_p=self.top_p, seed=self.seed)
+                          temperature=self.temperature, top_p=self.top_p, seed=self.seed, forced_ids=forced)
         return self.engine.submit(request)
+
+    def _forced_prefix(self, matcher, budget: int) -> list[int]:
+        """The tokens every reply under this grammar starts with, in the tokenizer's own
+        segmentation, less the last one (it could merge with what the model writes next)."""
+        text = matcher.find_jump_forward_string()
+        if not text:
+            return []
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"][:-1]
+        if len(ids) >= budget:
+            return []
+        for accepted, token in enumerate(ids):
+            if not matcher.accept_token(token):
+                if accepted:
+                    matcher.rollback(accepted)
+                return []
+        return ids
 
     def _completion(self, result, tools, response_schema, started: float) -> Completion:
         ids = result.completion_ids
