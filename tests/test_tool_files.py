@@ -1,6 +1,7 @@
 """`file_analyzer`: document files of the workspace as text, paginated, confined to the workspace."""
 
 import json
+import os
 import zipfile
 
 import pytest
@@ -10,10 +11,10 @@ from toolself.tools.files import file_analyzer
 from toolself.tools.visit import PAGE_CHARS
 
 
-@pytest.fixture
-def ctx(tmp_path):
-    (tmp_path / "ws").mkdir()
-    context = ToolContext(workspace=tmp_path / "ws")
+@pytest.fixture(scope="module")
+def ctx():
+    """One attempt for the module: its converter process loads markitdown once (about 2 s)."""
+    context = ToolContext.temporary()
     yield context
     context.close()
 
@@ -125,6 +126,14 @@ def test_paths_outside_the_workspace_are_refused(ctx, tmp_path):
     (ctx.workspace / "link.csv").symlink_to(tmp_path / "secret.csv")
     assert "symbolic link" in read(ctx, "link.csv").content
     assert read(ctx, "missing.pdf").is_error
+
+
+def test_conversion_runs_in_the_attempts_sandbox(ctx):
+    (ctx.workspace / "c.csv").write_text("a\n1\n")
+    read(ctx, "c.csv")
+    pid = ctx.resources["file_converter"].process.proc.pid
+    user = ctx.resources["sandbox_user"]
+    assert os.stat(f"/proc/{pid}").st_uid == (user.uid if user.dedicated else os.geteuid())
 
 
 def test_corrupt_file_is_an_error_observation(ctx):

@@ -1,56 +1,137 @@
 """`file_analyzer`: the text of PDF, DOCX, XLSX, PPTX, CSV, HTML, JSON (and plain text) files.
 
 Conversion goes through markitdown, which renders tables as markdown tables, the form small
-models read best. Long results are paginated like `visit`, never cut silently, and each
-converted file is kept per attempt (by path, size and modification time) so that reading
-page 2 does not convert again. Paths are confined to the workspace exactly as the editor's
-are; the file is read through the same link-refusing open.
+models read best. Document parsers are large and the files are untrusted (a task's own code
+may have written them), so parsing happens in a separate converter process per attempt under
+the same sandbox as the code tools (unprivileged uid when the host is root, memory and CPU
+limits, a timeout): a decompression bomb or a parser crash costs one observation, not the
+agent. The host reads the file (through the editor's link-refusing open) and sends the bytes.
+
+Long results are paginated like `visit`, never cut silently, and each converted file is kept
+per attempt (by path, size and modification time) so that reading page 2 does not convert
+again.
 """
 
 from __future__ import annotations
 
-import io
-import threading
+import base64
+import json
 from pathlib import Path
 
 from toolself.tools.base import ToolContext, ToolError, tool
 from toolself.tools.editor import Workspace
+from toolself.tools.sandbox import LIMITS_PRELUDE, SandboxedProcess, SandboxUser, limits_for
 from toolself.tools.visit import paginate
 
 MAX_BYTES = 50 * 1024 * 1024
+MAX_TEXT_CHARS = 5_000_000
+CONVERT_TIMEOUT_S = 120.0
 PLAIN = {".txt", ".md", ".markdown", ".rst", ".py", ".log", ".tsv", ".yaml", ".yml", ".toml", ".ini", ".xml"}
 
-_converter = None
-_converter_lock = threading.Lock()
+CONVERTER = LIMITS_PRELUDE + r'''
+import base64, io, site, sys
+for _d in json.loads(os.environ.pop("TOOLSELF_SITE_DIRS", "[]")):
+    site.addsitedir(_d)
+_ctl_in = os.fdopen(int(os.environ.pop("TOOLSELF_CTL_IN")), "rb", buffering=0)
+_ctl_out = int(os.environ.pop("TOOLSELF_CTL_OUT"))
+_mark = os.environ.pop("TOOLSELF_MARK").encode()
+_cap = int(os.environ.pop("TOOLSELF_TEXT_CHARS"))
+_md = None
 
 
-def converter():
-    """One MarkItDown per process: building it loads its format detectors (about 2 s)."""
-    global _converter
-    with _converter_lock:
-        if _converter is None:
-            try:
-                from markitdown import MarkItDown
-            except ImportError:
-                raise ToolError("file_analyzer needs markitdown (pip install 'toolself[tools]')") from None
-            _converter = MarkItDown(enable_plugins=False)
-        return _converter
+def _write_all(fd, data):
+    while data:
+        data = data[os.write(fd, data):]
 
 
-def convert_bytes(data: bytes, name: str) -> str:
-    suffix = Path(name).suffix.lower()
-    if suffix in PLAIN:
-        return data.decode("utf-8", errors="replace")
+def _convert(request):
+    global _md
+    if _md is None:
+        try:
+            from markitdown import MarkItDown
+        except ImportError:
+            return {"error": "file_analyzer needs markitdown (pip install 'toolself[tools]')"}
+        _md = MarkItDown(enable_plugins=False)
     from markitdown import StreamInfo
-
+    data = base64.b64decode(request["data"])
     try:
-        result = converter().convert_stream(io.BytesIO(data), stream_info=StreamInfo(extension=suffix, filename=name))
+        result = _md.convert_stream(io.BytesIO(data), stream_info=StreamInfo(extension=request["ext"], filename=request["name"]))
     except Exception as exc:
         kind = type(exc).__name__
-        if kind in {"UnsupportedFormatException"}:
-            raise ToolError(f"{name}: this file type ({suffix or 'no extension'}) cannot be converted to text") from None
-        raise ToolError(f"{name}: conversion failed ({kind}: {str(exc)[:300]})") from None
-    return result.text_content or ""
+        if kind == "UnsupportedFormatException":
+            return {"error": f"this file type ({request['ext'] or 'no extension'}) cannot be converted to text"}
+        return {"error": f"conversion failed ({kind}: {str(exc)[:300]})"}
+    text = result.text_content or ""
+    return {"text": text[:_cap], "cut": max(0, len(text) - _cap)}
+
+
+_buffer = bytearray()
+while True:
+    while b"\n" not in _buffer:
+        _chunk = _ctl_in.read(1 << 20)
+        if not _chunk:
+            os._exit(0)
+        _buffer += _chunk
+    _at = _buffer.index(b"\n")
+    _request = json.loads(bytes(_buffer[:_at]))
+    del _buffer[: _at + 1]
+    try:
+        _reply = _convert(_request)
+    except MemoryError:
+        _reply = {"error": "the conversion ran out of memory"}
+    except BaseException as _exc:
+        _reply = {"error": f"conversion failed ({type(_exc).__name__}: {str(_exc)[:300]})"}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _write_all(1, _mark)
+    _write_all(2, _mark)
+    _write_all(_ctl_out, (json.dumps(_reply) + "\n").encode())
+'''
+
+
+class Converter:
+    """The attempt's converter process (markitdown loaded once, about 2 s)."""
+
+    def __init__(self, user: SandboxUser, limits):
+        interpreter = user.interpreter
+        self.process = SandboxedProcess(
+            "file converter", [interpreter.executable, "-c", CONVERTER], user, limits,
+            extra_env={"TOOLSELF_SITE_DIRS": json.dumps(list(interpreter.site_dirs)),
+                       "TOOLSELF_TEXT_CHARS": str(MAX_TEXT_CHARS)},
+        )
+
+    @classmethod
+    def for_context(cls, ctx: ToolContext) -> "Converter":
+        converter = ctx.resources.get("file_converter")
+        if converter is None:
+            converter = cls(SandboxUser.for_context(ctx), limits_for(ctx))
+            ctx.resources["file_converter"] = converter
+        return converter
+
+    def convert(self, data: bytes, name: str) -> str:
+        request = json.dumps({"data": base64.b64encode(data).decode(), "ext": Path(name).suffix.lower(), "name": name})
+        result = self.process.call(request.encode() + b"\n", CONVERT_TIMEOUT_S)
+        if result.status != "ok":
+            raise ToolError(f"{name}: the conversion did not finish ({'; '.join(result.notes)})")
+        try:
+            reply = json.loads(result.reply or "")
+        except ValueError:
+            raise ToolError(f"{name}: the converter's answer was unreadable") from None
+        if "error" in reply:
+            raise ToolError(f"{name}: {reply['error']}")
+        text = reply["text"]
+        if reply.get("cut"):
+            text += f"\n\n[... the last {reply['cut']:,} characters of the converted text were cut ...]"
+        return text
+
+    def close(self) -> None:
+        self.process.close()
+
+
+def convert_bytes(data: bytes, name: str, ctx: ToolContext) -> str:
+    if Path(name).suffix.lower() in PLAIN:
+        return data.decode("utf-8", errors="replace")
+    return Converter.for_context(ctx).convert(data, name)
 
 
 @tool
@@ -80,7 +161,7 @@ def file_analyzer(path: str, ctx: ToolContext, page: int = 1) -> str:
     cache: dict = ctx.resources.setdefault("file_analyzer_pages", {})
     key = (str(real), st.st_size, st.st_mtime_ns)
     if key not in cache:
-        cache[key] = paginate(convert_bytes(ws.read_bytes(real), real.name))
+        cache[key] = paginate(convert_bytes(ws.read_bytes(real), real.name, ctx))
     pages = cache[key]
     if page > len(pages):
         raise ToolError(f"{shown} has {len(pages)} page(s); page {page} does not exist")

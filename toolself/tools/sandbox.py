@@ -559,7 +559,7 @@ class SandboxedProcess:
 
     @staticmethod
     def _read_replies(handle, replies: "queue.Queue[str | None]") -> None:
-        buffer = b""
+        buffer = bytearray()
         while True:
             try:
                 data = handle.read(1 << 16)
@@ -569,10 +569,13 @@ class SandboxedProcess:
                 replies.put(None)
                 handle.close()
                 return
+            start = len(buffer)
             buffer += data
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                replies.put(line.decode("utf-8", errors="replace"))
+            at = buffer.find(b"\n", start)
+            while at >= 0:
+                replies.put(buffer[:at].decode("utf-8", errors="replace"))
+                del buffer[: at + 1]
+                at = buffer.find(b"\n")
 
     def call(self, request: bytes, timeout_s: float | None = None) -> CallResult:
         timeout_s = self.limits.timeout_s if timeout_s is None else timeout_s
