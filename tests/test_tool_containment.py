@@ -8,6 +8,7 @@ sandbox then gives each attempt its own unprivileged uid); without root it is no
 
 import os
 import shutil
+import socket
 import stat
 import tempfile
 from pathlib import Path
@@ -205,5 +206,41 @@ def test_sandbox_user_can_be_turned_off(monkeypatch):
     context = ToolContext.temporary()
     try:
         assert sh(context, "id -u").content == str(os.geteuid())
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def listener():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    yield server.getsockname()[1]
+    server.close()
+
+
+CONNECT = """import socket
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=2).close()
+    print("connected")
+except OSError as e:
+    print(e)
+"""
+
+
+def test_network_is_reachable_by_default(ctx, listener):
+    assert "connected" in py(ctx, CONNECT.format(port=listener)).content
+
+
+def test_network_can_be_cut_off(listener):
+    context = ToolContext.temporary()
+    with_limits(context, network=False)
+    try:
+        obs = py(context, CONNECT.format(port=listener))
+        if "cannot cut the network off" in obs.content:
+            pytest.skip("this kernel does not allow a user and network namespace here")
+        assert "connected" not in obs.content and "unreachable" in obs.content.lower()
+        assert "connected" not in sh(context, f"exec 3<>/dev/tcp/127.0.0.1/{listener} && echo connected").content
+        assert sh(context, "echo still works > f.txt && cat f.txt").content == "still works"
     finally:
         context.close()

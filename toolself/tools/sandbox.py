@@ -59,6 +59,7 @@ class Limits:
     processes: int = 256
     file_bytes: int = 1 << 30
     output_chars: int = 16_000
+    network: bool = True
 
     @classmethod
     def from_env(cls) -> "Limits":
@@ -71,6 +72,7 @@ class Limits:
             processes=int(env.get("TOOLSELF_TOOL_PROCESSES", base.processes)),
             file_bytes=int(float(env.get("TOOLSELF_TOOL_FILE_MB", base.file_bytes >> 20))) << 20,
             output_chars=int(env.get("TOOLSELF_TOOL_OUTPUT_CHARS", base.output_chars)),
+            network=env.get("TOOLSELF_TOOL_NETWORK", "1").lower() not in {"0", "no", "none", "off", "false"},
         )
 
 
@@ -390,6 +392,12 @@ for _n, (_s, _h) in json.loads(os.environ.pop("TOOLSELF_RLIMITS")).items():
     _h = _h if _ch == resource.RLIM_INFINITY else min(_h, _ch)
     resource.setrlimit(getattr(resource, _n), (min(_s, _h), _h))
 del _n, _s, _h, _cs, _ch
+if os.environ.pop("TOOLSELF_NO_NETWORK", "") == "1":
+    # A new user and network namespace: only a loopback that is down. Fail closed.
+    import ctypes
+    if ctypes.CDLL(None, use_errno=True).unshare(0x10000000 | 0x40000000) != 0:
+        os.write(2, ("toolself: cannot cut the network off (unshare: %s)\n" % os.strerror(ctypes.get_errno())).encode())
+        os._exit(70)
 """
 
 
@@ -533,6 +541,7 @@ class SandboxedProcess:
             "TOOLSELF_CTL_OUT": str(from_child_w),
             "TOOLSELF_MARK": self.marker.decode(),
             "TOOLSELF_RLIMITS": json.dumps(rlimits(self.limits, self.user)),
+            **({} if self.limits.network else {"TOOLSELF_NO_NETWORK": "1"}),
         })
         try:
             self.proc = subprocess.Popen(
