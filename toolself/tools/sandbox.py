@@ -527,7 +527,25 @@ class SandboxedProcess:
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.proc is not None and self._peek_exit(0) is None
+
+    def _peek_exit(self, wait_s: float) -> int | None:
+        """The child's exit status (negative: the signal) without reaping it, so that its pid
+        and process group cannot be reused by an unrelated process before `kill()` runs."""
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return None if proc is None else proc.returncode
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return proc.returncode if proc.returncode is not None else -1
+            if info is not None and info.si_pid:
+                return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.01)
 
     def start(self) -> None:
         self.marker = b"\x1e\x1f" + secrets.token_hex(8).encode() + b"\x1f\n"
@@ -636,7 +654,7 @@ class SandboxedProcess:
         elif status == "processes":
             self._process_limit_hit(result.notes)
         elif status == "died":
-            code = self.proc.wait(timeout=5) if self.proc else None
+            code = self._peek_exit(2.0)
             self.kill()
             why = f"signal {-code}" if code is not None and code < 0 else f"exit status {code}"
             result.notes.append(f"the {self.name} exited ({why}); its state was lost and the next call starts a fresh one")
@@ -655,13 +673,14 @@ class SandboxedProcess:
         proc = self.proc
         if proc is None:
             return
+        if proc.returncode is None:  # not reaped: the pid and its group are still this session's
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            kill_pids(lambda: descendants(proc.pid, proc.pid))
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        kill_pids(lambda: descendants(proc.pid, proc.pid))
-        try:
-            proc.wait(timeout=5)
+            proc.wait(timeout=5)  # reaped only now: until here its pid and group were ours
         except subprocess.TimeoutExpired:
             pass
         for stream in (getattr(self, "stdout", None), getattr(self, "stderr", None)):
