@@ -524,6 +524,7 @@ class SandboxedProcess:
         self.proc: subprocess.Popen | None = None
         self.pending_notes: list[str] = []
         self.started_once = False
+        self._lock = threading.Lock()
 
     @property
     def alive(self) -> bool:
@@ -605,6 +606,10 @@ class SandboxedProcess:
                 at = buffer.find(b"\n")
 
     def call(self, request: bytes, timeout_s: float | None = None) -> CallResult:
+        with self._lock:  # one request at a time, even if two threads share an attempt
+            return self._call(request, timeout_s)
+
+    def _call(self, request: bytes, timeout_s: float | None) -> CallResult:
         timeout_s = self.limits.timeout_s if timeout_s is None else timeout_s
         notes: list[str] = []
         if self.user.dedicated and len(self.user.members(include_zombies=True)) >= self.limits.processes - 2:
@@ -619,7 +624,9 @@ class SandboxedProcess:
         self.stderr.begin()
         start = time.perf_counter()
         try:
-            self._ctl_w.write(request)
+            view = memoryview(request)
+            while view:
+                view = view[self._ctl_w.write(view):]
         except (BrokenPipeError, OSError):
             self.kill()
             return CallResult("died", notes=notes + [f"the {self.name} was not running; try again"])
