@@ -125,3 +125,9 @@ def test_close_ends_the_session_process(ctx):
     pid = int(py(ctx, "pid").content.split("\n")[1])
     ctx.close()
     assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z"
+
+
+def test_a_megabyte_of_code_goes_through(ctx):
+    code = "data = [\n" + "".join(f"    {i},\n" for i in range(150_000)) + "]\nlen(data)"
+    assert len(code) > 1_000_000
+    assert py(ctx, code).content == "[value]\n150000"
