@@ -54,6 +54,7 @@ def web(monkeypatch):
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     monkeypatch.setenv("TOOLSELF_ONLINE", "1")
+    monkeypatch.setenv("TOOLSELF_VISIT_PRIVATE", "1")  # the test server is on loopback
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
     server.server_close()
@@ -144,3 +145,11 @@ def test_plain_text_url(web, tmp_path):
 def test_missing_page_is_an_error_observation(web, tmp_path):
     obs = visit({"locator": f"{web}/nope"}, ToolContext(workspace=tmp_path))
     assert obs.is_error and "404" in obs.content
+
+
+def test_private_and_local_addresses_are_refused_online(web, tmp_path, monkeypatch):
+    monkeypatch.delenv("TOOLSELF_VISIT_PRIVATE")
+    context = ToolContext(workspace=tmp_path)
+    for url in (f"{web}/article", "http://169.254.169.254/latest/meta-data/", "http://localhost:9/", "http://[::1]/", "http://10.0.0.8/"):
+        obs = visit({"locator": url}, context)
+        assert obs.is_error and "refused" in obs.content and "private or local" in obs.content, url

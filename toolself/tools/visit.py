@@ -14,8 +14,10 @@ accepted; otherwise the error lists the nearest candidates so the next call can 
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import re
+import socket
 from dataclasses import dataclass
 
 import httpx
@@ -59,13 +61,33 @@ def online() -> bool:
     return bool(os.environ.get("SEARX_HOST")) or os.environ.get("TOOLSELF_ONLINE", "").lower() in {"1", "true", "yes"}
 
 
+def _refuse_private(request: httpx.Request) -> None:
+    """Refuse loopback, private, link-local and reserved addresses (every redirect hop too):
+    a page the model read must not be able to send it to a cloud metadata endpoint or an
+    internal service. TOOLSELF_VISIT_PRIVATE=1 allows them (a local mirror, the tests)."""
+    if os.environ.get("TOOLSELF_VISIT_PRIVATE", "").lower() in {"1", "true", "yes"}:
+        return
+    host = request.url.host
+    try:
+        infos = socket.getaddrinfo(host, request.url.port or 443, proto=socket.IPPROTO_TCP)
+    except socket.gaierror as exc:
+        raise ToolError(f"cannot resolve {host}: {exc}") from None
+    for info in infos:
+        address = ipaddress.ip_address(info[4][0].split("%")[0])
+        if not address.is_global or address.is_multicast:
+            raise ToolError(f"refused: {host} is a private or local address ({address}); "
+                            "only public web pages can be visited")
+
+
 def fetch_url(url: str) -> Document:
     """Fetch a page and keep its main text (trafilatura), falling back to all visible text."""
     if not online():
         raise ToolError(f"cannot open {url}: this run is offline (set SEARX_HOST or TOOLSELF_ONLINE=1 to allow the web)")
     try:
-        with httpx.stream("GET", url, timeout=FETCH_TIMEOUT_S, follow_redirects=True,
-                          headers={"User-Agent": "toolself/0.1 (+visit)"}) as response:
+        with httpx.Client(timeout=FETCH_TIMEOUT_S, follow_redirects=True, max_redirects=5,
+                          event_hooks={"request": [_refuse_private]},
+                          headers={"User-Agent": "toolself/0.1 (+visit)"}) as client, \
+                client.stream("GET", url) as response:
             response.raise_for_status()
             body = bytearray()
             for chunk in response.iter_bytes():
