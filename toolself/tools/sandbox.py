@@ -1,4 +1,4 @@
-"""Process-level containment shared by `code_interpreter` and `execute_bash`.
+"""Process-level containment shared by `code_interpreter`, `execute_bash` and `file_analyzer`.
 
 The model (or whoever wrote the text it read) chooses the code these tools run, so each
 attempt's processes get:
@@ -13,7 +13,8 @@ attempt's processes get:
   outside its workspace (except world-writable folders such as /tmp), cannot read other
   attempts' workspaces, is really held to its process limit (a fork bomb stops there), and
   every process it started can be found and killed by uid at the end, including ones that
-  left the process group.
+  left the process group;
+- optionally (`Limits.network = False`), no network: a new user and network namespace.
 
 What remains possible is written down in docs/security.md: this is not a container.
 Output is captured per call through pipes with an end-of-call marker and capped, keeping the
