@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Generator
 
+from toolself.config import GENERIC_STRATEGY
 from toolself.evals.suites.common import slug
 from toolself.evals.suites.research import read_fact
 from toolself.evals.task import Task
@@ -223,7 +224,7 @@ class ExpertTeacher(SyncModelBase):
         return Message(role="assistant", content=json.dumps(data, ensure_ascii=False))
 
     def _generic_config(self) -> Config:
-        return Config(subgoal=self.task.question, strategy=RESEARCH_STRATEGY, toolbox=list(self._pool_tools or []),
+        return Config(subgoal=self.task.question, strategy=GENERIC_STRATEGY, toolbox=list(self._pool_tools or []),
                       knowledge="history")
 
     def _fallback(self, tools, response_schema) -> Message:
