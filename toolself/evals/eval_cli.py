@@ -51,7 +51,8 @@ def eval_command(
     report: bool = typer.Option(True, help="Write the report into OUT/report when the run ends."),
 ) -> None:
     """Run methods on datasets; resumable, with per-attempt timeouts and a live progress line."""
-    from toolself.evals.report import write_report
+    from toolself.evals.records import atomic_write_text
+    from toolself.evals.report import markdown_accuracy, write_report
     from toolself.evals.runner import SettingsMismatch, run_eval
 
     specs, names = _split_list(tasks), _split_list(methods)
@@ -72,7 +73,12 @@ def eval_command(
         _fail(str(exc))
     except (ValueError, FileNotFoundError, ImportError) as exc:
         _fail(str(exc))
-    console.print(json.dumps(summary.to_dict(), indent=2))
+    atomic_write_text(out / "summary.json", json.dumps(summary.to_dict(), indent=2) + "\n")
+    status = ", ".join(f"{n} {s}" for s, n in summary.status.items())
+    console.print(f"ran {summary.ran} attempts ({status}), skipped {summary.skipped} finished earlier, "
+                  f"{summary.wall_time:.1f} s", highlight=False)
+    console.print(markdown_accuracy(summary.table), highlight=False, markup=False)
+    console.print(f"summary: {out / 'summary.json'}", highlight=False)
     if report and summary.records:
         files = write_report([out])
         console.print(f"report: {files.markdown}")

@@ -245,16 +245,17 @@ def run_eval(
     _check_run_file(out, identity, command, force)
 
     stores = {m: MethodStore.open(out / safe_name(m)) for m in methods}
-    jobs: list[_Job] = []
-    requested: list[AttemptKey] = []
-    for repeat in range(repeats):
-        for spec, spec_tasks in datasets.items():
-            for task in spec_tasks:
-                for m in methods:
-                    key = AttemptKey(spec, task.id, m, repeat)
-                    requested.append(key)
-                    if not stores[m].done(key):
-                        jobs.append(_Job(key, task, method_settings[m]))
+    try:
+        jobs = _missing(stores, datasets, methods, method_settings, repeats)
+        # Models load only when something is left to run: a finished run reports at once.
+        policy_for, writer, judge_obj = _models(model, config_model, judge, model_options) if jobs else (None,) * 3
+        pool = pool if pool is not None or not jobs else default_pool()
+    except BaseException:
+        for store in stores.values():
+            store.close()
+        raise
+    requested = [AttemptKey(spec, task.id, m, repeat) for repeat in range(repeats)
+                 for spec, spec_tasks in datasets.items() for task in spec_tasks for m in methods]
     skipped = len(requested) - len(jobs)
 
     if progress is None or progress is True:
@@ -263,16 +264,6 @@ def run_eval(
         progress = EvalProgress(live=False, every=10**9)
         progress.console.quiet = True
 
-    policy_for: Callable[[Any], Any]
-    if model == "expert":
-        policy_for = _expert_policy()
-        shared_model = None
-    else:
-        shared_model = _load_model(model, **(model_options or {}))
-        policy_for = lambda task: shared_model  # noqa: E731
-    writer = _load_model(config_model)
-    judge_obj = _load_judge(judge)
-    pool = pool if pool is not None else default_pool()
     workspaces = out / "workspaces"
 
     def attempt(job: _Job, cancel: threading.Event, live: list[Trajectory]) -> tuple[AttemptRecord, str | None]:
@@ -375,6 +366,26 @@ def run_eval(
     table = aggregate(records, methods, list(tasks))
     return RunSummary(out=out, attempts=len(requested), skipped=skipped, ran=ran, status=status_counts,
                       table=table, records=records, wall_time=time.monotonic() - start)
+
+
+def _missing(stores: dict[str, MethodStore], datasets: dict[str, list[Any]], methods: Sequence[str],
+             method_settings: dict[str, AgentSettings], repeats: int) -> list[_Job]:
+    """The attempts not yet committed, repeat by repeat so that early repeats finish first."""
+    return [_Job(AttemptKey(spec, task.id, m, repeat), task, method_settings[m])
+            for repeat in range(repeats) for spec, spec_tasks in datasets.items() for task in spec_tasks
+            for m in methods if not stores[m].done(AttemptKey(spec, task.id, m, repeat))]
+
+
+def _models(model: Any, config_model: Any, judge: Any,
+            model_options: dict[str, Any] | None) -> tuple[Callable[[Any], Any], Any, Any]:
+    """(policy for a task, configuration writer, judge). One shared policy, except `expert`:
+    a fresh teacher per attempt, since it follows one task's plan."""
+    if model == "expert":
+        policy_for = _expert_policy()
+    else:
+        shared = _load_model(model, **(model_options or {}))
+        policy_for = lambda task: shared  # noqa: E731
+    return policy_for, _load_model(config_model), _load_judge(judge)
 
 
 def _default_loader(spec: str, split: str, limit: int | None, seed: int) -> list[Any]:
