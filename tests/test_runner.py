@@ -322,3 +322,22 @@ def test_progress_outside_a_terminal_prints_a_line_every_n_attempts_with_accurac
     assert lines[1].startswith("2/4 done, 1 running, 0 failed, 0 timed out | accuracy 50.0% | ")
     assert "tokens | elapsed" in lines[1] and "ETA" in lines[1]
     assert lines[-1].startswith("4/4 done, 0 running") and len(lines) == 4
+
+
+@pytest.mark.slow
+def test_every_method_runs_on_every_built_in_suite_with_the_expert_policy(tmp_path):
+    from toolself.evals.report import write_report
+    from toolself.variants import methods as all_methods
+
+    names = [m.name for m in all_methods()]
+    suites = ["builtin:research", "builtin:data", "builtin:code", "builtin:mixed"]
+    summary = run_eval(suites, names, "expert", tmp_path / "out", limit=1, concurrency=4, timeout=120,
+                       progress=False)
+    assert summary.status == {"ok": len(names) * 4, "timeout": 0, "error": 0}
+    accuracy = summary.accuracy()
+    assert accuracy["toolself"]["average"]["accuracy"] == 1.0
+    assert accuracy["static:swe"]["research"]["accuracy"] == 0.0  # no search tool in the swe preset
+    stages = {r.method: r.stages for r in summary.records if r.dataset == "builtin:research"}
+    assert stages["vanilla"] == 1 and stages["toolself"] > 1
+    files = write_report([tmp_path / "out"])
+    assert all(f"| {name} |" in files.markdown.read_text() for name in names)
