@@ -1,0 +1,350 @@
+"""`toolself train ...`: data, rft, kto, cat, merge, plot (mounted as a typer sub-app:
+`app.add_typer(train_app, name="train")`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+train_app = typer.Typer(help="CAT training: RFT on a teacher's successes, then trajectory-level KTO.",
+                        no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+console = Console()
+
+TASKS_HELP = "Task specs, comma-separated or repeated (builtin:research, gaia:PATH, jsonl:PATH, ...)."
+
+
+def _fail(message: str) -> None:
+    console.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(2)
+
+
+def _split(values: list[str]) -> list[str]:
+    return [p.strip() for v in values for p in v.split(",") if p.strip()]
+
+
+def _train_kwargs(epochs: Optional[float], lr: Optional[float], batch_size: Optional[int],
+                  grad_accum: Optional[int], max_steps: Optional[int], lora_r: Optional[int],
+                  full_finetune: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in (("num_train_epochs", epochs), ("learning_rate", lr),
+                        ("per_device_train_batch_size", batch_size), ("gradient_accumulation_steps", grad_accum),
+                        ("max_steps", max_steps), ("lora_r", lora_r)):
+        if value is not None:
+            out[name] = value
+    if lora_r is not None:
+        out["lora_alpha"] = 2 * lora_r
+    if full_finetune:
+        out["full_finetune"] = True
+    return out
+
+
+def _tokenizer(model: str):
+    from transformers import AutoTokenizer
+
+    from toolself.train.lora import resolve_model_path
+    from toolself.train.merge import adapter_base
+
+    path = resolve_model_path(model)
+    if (path / "adapter_config.json").is_file() and not (path / "tokenizer_config.json").is_file():
+        path = adapter_base(path)
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def _print_stats(title: str, stats: dict[str, Any]) -> None:
+    table = Table(title=title, show_header=True)
+    table.add_column("what")
+    table.add_column("value", overflow="fold")
+    build = stats["build"]
+    for key in ("trajectories", "skipped_trajectories", "decisions", "examples", "truncated", "recorded_ids",
+                "prompt_mismatches", "masked_rejected"):
+        table.add_row(key.replace("_", " "), str(build[key]))
+    for key in ("sequence_tokens", "loss_tokens", "prompt_tokens", "completion_tokens"):
+        if key in stats:
+            s = stats[key]
+            row = "none" if not s.get("count") else (f"min {s['min']}  median {s['median']}  p90 {s['p90']}  "
+                                                    f"max {s['max']}  total {s['total']}")
+            table.add_row(key.replace("_", " "), row)
+    if "labels" in stats:
+        table.add_row("labels", f"desirable {stats['labels']['desirable']}  undesirable {stats['labels']['undesirable']}")
+        w = stats["weights"]
+        table.add_row("KTO weights", f"desirable {w['desirable_weight']}  undesirable {w['undesirable_weight']}  "
+                                     f"(weighted ratio {w['ratio']})")
+        for kind, counts in stats["by_kind"].items():
+            table.add_row(f"  {kind}", f"desirable {counts['desirable']}  undesirable {counts['undesirable']}")
+    for note in build.get("notes", []):
+        table.add_row("note", note)
+    console.print(table)
+
+
+@train_app.command()
+def data(
+    sources: list[Path] = typer.Argument(..., help="Trajectory JSONL files (labelled by metadata.correct) or "
+                                                   "evaluation-runner folders (labelled by their results)."),
+    kind: str = typer.Option("both", help="sft | kto | both."),
+    student: str = typer.Option("embedded", help="The model whose tokenizer and chat template render the data."),
+    out: Optional[Path] = typer.Option(None, help="Save the datasets here (OUT/sft, OUT/kto)."),
+    max_length: int = typer.Option(16384, help="Longest example in tokens; longer prompts are cut from the left."),
+    stats: bool = typer.Option(False, "--stats", help="Print counts, token lengths and label balance."),
+    as_json: bool = typer.Option(False, "--json", help="Print the statistics as JSON."),
+) -> None:
+    """Build SFT (RFT) and KTO datasets from trajectories."""
+    from toolself.train import data as D
+    from toolself.train.collect import load_any
+
+    if kind not in ("sft", "kto", "both"):
+        _fail("--kind must be sft, kto or both")
+    trajectories, schemas = [], None
+    for source in sources:
+        try:
+            found, found_schemas = load_any(source)
+        except (FileNotFoundError, ValueError) as exc:
+            _fail(str(exc))
+        trajectories.extend(found)
+        schemas = schemas or found_schemas
+    renderer = D.Renderer(_tokenizer(student), schemas)
+    report: dict[str, Any] = {}
+    try:
+        if kind in ("sft", "both"):
+            dataset, build = D.build_sft_dataset(trajectories, renderer, max_length)
+            report["sft"] = D.sft_stats(dataset, build)
+            if out:
+                D.save_dataset(dataset, out / "sft", report["sft"])
+        if kind in ("kto", "both"):
+            dataset, build, weights = D.build_kto_dataset(trajectories, renderer, max_length)
+            report["kto"] = D.kto_stats(dataset, build, weights)
+            if out:
+                D.save_dataset(dataset, out / "kto", report["kto"])
+    except D.RenderError as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(report, indent=2))
+    elif stats or not out:
+        for name, s in report.items():
+            _print_stats(f"{name.upper()} data from {len(trajectories)} trajectories", s)
+    if out:
+        console.print(f"datasets written to {out}")
+
+
+def _collect_or_reuse(tasks: list[str], model: str, run_dir: Path, samples: int, limit: Optional[int],
+                      temperature: float, seed: int, concurrency: int, timeout: float,
+                      agent: dict[str, Any]) -> None:
+    from toolself.train.collect import collect
+
+    result = collect(tasks, model, run_dir, samples, limit=limit, temperature=temperature, seed=seed,
+                     concurrency=concurrency, timeout=timeout, settings=agent)
+    console.print(f"collected {result.attempts} attempts ({result.correct} correct, {result.errors} errors) "
+                  f"in {run_dir}")
+
+
+def _agent_budgets(student: str, context_budget: Optional[int]) -> dict[str, Any]:
+    from toolself.cli import model_defaults
+
+    spec = student if student == "embedded" or student.startswith("local:") else f"local:{student}"
+    d = model_defaults(spec)
+    return {"context_budget": context_budget or d.context_budget, "config_max_text": d.config_max_text,
+            "max_tokens_per_call": d.max_tokens_per_call}
+
+
+@train_app.command()
+def rft(
+    tasks: list[str] = typer.Option([], "--tasks", "-t", help=TASKS_HELP),
+    teacher: str = typer.Option("expert", help="expert (built-in suites) | embedded | local:DIR | openai:NAME@URL."),
+    samples: int = typer.Option(4, help="Attempts per task by the teacher (K)."),
+    student: str = typer.Option("embedded", help="The model to fine-tune: embedded | local:DIR | a model directory."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output folder: the adapter, collect/, data/, logs, curves."),
+    trajectories: list[Path] = typer.Option([], help="Use these trajectories (JSONL / runner folders) instead of "
+                                                     "collecting."),
+    limit: Optional[int] = typer.Option(None, help="At most this many tasks per spec."),
+    temperature: float = typer.Option(0.7, help="Teacher sampling temperature (for model teachers)."),
+    seed: int = typer.Option(0),
+    concurrency: int = typer.Option(4, help="Attempts in flight during collection."),
+    timeout: float = typer.Option(600.0, help="Wall-clock limit per attempt."),
+    context_budget: Optional[int] = typer.Option(None, help="Visible-context budget (default: the student's)."),
+    max_length: int = typer.Option(16384, help="Longest training sequence in tokens."),
+    epochs: Optional[float] = typer.Option(None), lr: Optional[float] = typer.Option(None),
+    batch_size: Optional[int] = typer.Option(None), grad_accum: Optional[int] = typer.Option(None),
+    max_steps: Optional[int] = typer.Option(None), lora_r: Optional[int] = typer.Option(None),
+    full_finetune: bool = typer.Option(False, help="Train all weights instead of a LoRA adapter."),
+    resume: bool = typer.Option(False, help="Resume training from the last checkpoint in OUT/checkpoints."),
+) -> None:
+    """Stage I: K teacher attempts per task, keep the successful ones, fine-tune the student."""
+    from toolself.train import data as D
+    from toolself.train.collect import load_any
+    from toolself.train.lora import resolve_model_path
+    from toolself.train.plots import plot_log
+    from toolself.train.rft import train_rft
+    from toolself.train.rft_config import RFTConfig
+
+    specs = _split(tasks)
+    if not specs and not trajectories:
+        _fail("give --tasks to collect, or --trajectories")
+    try:
+        student_path = resolve_model_path(student)
+    except FileNotFoundError as exc:
+        _fail(str(exc))
+    sources = list(trajectories)
+    if specs:
+        run_dir = out / "collect"
+        _collect_or_reuse(specs, teacher, run_dir, samples, limit, temperature, seed, concurrency, timeout,
+                          _agent_budgets(student, context_budget))
+        sources.append(run_dir)
+    found, schemas = [], None
+    for s in sources:
+        t, sch = load_any(s)
+        found.extend(t)
+        schemas = schemas or sch
+    renderer = D.Renderer(_tokenizer(student), schemas)
+    dataset, build = D.build_sft_dataset(found, renderer, max_length)
+    info = D.sft_stats(dataset, build)
+    D.save_dataset(dataset, out / "data", info)
+    _print_stats(f"RFT data: {build.trajectories} successful of {len(found)} attempts", info)
+    if len(dataset) == 0:
+        _fail("no successful trajectory: nothing to fine-tune on")
+    config = RFTConfig(output_dir=str(out / "checkpoints"), max_length=max_length, seed=seed,
+                       **_train_kwargs(epochs, lr, batch_size, grad_accum, max_steps, lora_r, full_finetune))
+    result = train_rft(dataset, student_path, out, config, resume=resume)
+    png = plot_log(result.log, out / "curves.png", "RFT")
+    console.print(f"RFT done: {result.steps} steps, loss {result.train_loss:.4f}, {result.tokens_per_second} tokens/s")
+    console.print(f"model: --model local:{out}   log: {result.log}   curves: {png}")
+
+
+@train_app.command()
+def kto(
+    policy: Path = typer.Option(..., help="The RFT adapter (or a model directory) to improve."),
+    tasks: list[str] = typer.Option([], "--tasks", "-t", help=TASKS_HELP),
+    samples: int = typer.Option(4, help="On-policy attempts per task (K)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output folder: the adapter, base/, collect/, data/, logs."),
+    trajectories: list[Path] = typer.Option([], help="Use these labelled trajectories instead of collecting."),
+    limit: Optional[int] = typer.Option(None, help="At most this many tasks per spec."),
+    temperature: float = typer.Option(0.7, help="Sampling temperature of the on-policy attempts."),
+    seed: int = typer.Option(0),
+    concurrency: int = typer.Option(4),
+    timeout: float = typer.Option(600.0),
+    context_budget: Optional[int] = typer.Option(None, help="Visible-context budget (default: the policy's)."),
+    max_length: int = typer.Option(16384, help="Longest prompt + completion in tokens."),
+    beta: Optional[float] = typer.Option(None, help="KTO beta (default 0.1)."),
+    epochs: Optional[float] = typer.Option(None), lr: Optional[float] = typer.Option(None),
+    batch_size: Optional[int] = typer.Option(None, help="Per device; at least 2."),
+    grad_accum: Optional[int] = typer.Option(None),
+    max_steps: Optional[int] = typer.Option(None), lora_r: Optional[int] = typer.Option(None),
+    full_finetune: bool = typer.Option(False),
+    resume: bool = typer.Option(False),
+) -> None:
+    """Stage II: on-policy attempts labelled by outcome; every decision gets its attempt's label."""
+    from toolself.train import data as D
+    from toolself.train.collect import load_any
+    from toolself.train.kto import train_kto
+    from toolself.train.kto_config import KTOConfig
+    from toolself.train.plots import plot_log
+
+    specs = _split(tasks)
+    if not specs and not trajectories:
+        _fail("give --tasks to collect, or --trajectories")
+    if not ((policy / "adapter_config.json").is_file() or (policy / "config.json").is_file()):
+        _fail(f"{policy} is neither an adapter nor a model directory")
+    sources = list(trajectories)
+    if specs:
+        run_dir = out / "collect"
+        _collect_or_reuse(specs, f"local:{policy}", run_dir, samples, limit, temperature, seed, concurrency, timeout,
+                          _agent_budgets(f"local:{policy}", context_budget))
+        sources.append(run_dir)
+    found, schemas = [], None
+    for s in sources:
+        t, sch = load_any(s)
+        found.extend(t)
+        schemas = schemas or sch
+    renderer = D.Renderer(_tokenizer(str(policy)), schemas)
+    dataset, build, weights = D.build_kto_dataset(found, renderer, max_length)
+    info = D.kto_stats(dataset, build, weights)
+    D.save_dataset(dataset, out / "data", info)
+    _print_stats(f"KTO data from {build.trajectories} attempts", info)
+    kwargs = _train_kwargs(epochs, lr, batch_size, grad_accum, max_steps, lora_r, full_finetune)
+    if beta is not None:
+        kwargs["beta"] = beta
+    try:
+        config = KTOConfig(output_dir=str(out / "checkpoints"), max_length=max_length, seed=seed, **kwargs)
+    except ValueError as exc:
+        _fail(str(exc))
+    result = train_kto(dataset, policy, out, config, resume=resume)
+    png = plot_log(result.log, out / "curves.png", "KTO")
+    console.print(f"KTO done: {result.steps} steps, loss {result.train_loss:.4f}, {result.tokens_per_second} tokens/s, "
+                  f"weights {result.extra['weights']}")
+    console.print(f"model: --model local:{out}   log: {result.log}   curves: {png}")
+
+
+@train_app.command("cat")
+def cat_command(
+    tasks: list[str] = typer.Option(..., "--tasks", "-t", help=TASKS_HELP + " Train split for collection."),
+    out: Path = typer.Option(..., "--out", "-o", help="Pipeline folder (state.json; rerun to resume)."),
+    teacher: str = typer.Option("expert", help="expert | embedded | local:DIR | openai:NAME@URL."),
+    student: str = typer.Option("embedded", help="embedded | local:DIR | a model directory."),
+    teacher_samples: int = typer.Option(4, help="Teacher attempts per task (RFT)."),
+    policy_samples: int = typer.Option(4, help="RFT-policy attempts per task (KTO)."),
+    limit: Optional[int] = typer.Option(None, help="At most this many training tasks per spec."),
+    eval_tasks: list[str] = typer.Option([], help="Specs for the final evaluation (default: --tasks), held-out split."),
+    eval_limit: Optional[int] = typer.Option(None, help="At most this many evaluation tasks per spec."),
+    temperature: float = typer.Option(0.7, help="Sampling temperature of model collections."),
+    seed: int = typer.Option(0),
+    concurrency: int = typer.Option(4),
+    timeout: float = typer.Option(600.0),
+    max_length: int = typer.Option(16384),
+    rft_options: str = typer.Option("{}", help='RFTConfig fields as JSON, e.g. \'{"num_train_epochs": 3}\'.'),
+    kto_options: str = typer.Option("{}", help='KTOConfig fields as JSON, e.g. \'{"beta": 0.2}\'.'),
+    agent_options: str = typer.Option("{}", help='Agent budgets as JSON, e.g. \'{"max_stages": 4}\'.'),
+    stop_after: Optional[str] = typer.Option(None, help="Stop after this step (collect_teacher, data_sft, rft, "
+                                                        "collect_policy, data_kto, kto, evaluate)."),
+    force: bool = typer.Option(False, help="Continue a folder made with other settings."),
+) -> None:
+    """CAT end to end: collect -> RFT -> collect -> KTO -> evaluate, resumable step by step."""
+    from toolself.train.pipeline import CATSettings, PipelineMismatch, run_cat
+
+    try:
+        settings = CATSettings(tasks=_split(tasks), teacher=teacher, student=student, teacher_samples=teacher_samples,
+                               policy_samples=policy_samples, limit=limit, eval_tasks=_split(eval_tasks) or None,
+                               eval_limit=eval_limit, temperature=temperature, seed=seed, max_length=max_length,
+                               agent=json.loads(agent_options), rft=json.loads(rft_options),
+                               kto=json.loads(kto_options), concurrency=concurrency, timeout=timeout)
+    except json.JSONDecodeError as exc:
+        _fail(f"an --*-options value is not JSON: {exc}")
+    try:
+        results = run_cat(settings, out, force=force, stop_after=stop_after, echo=console.print)
+    except (PipelineMismatch, ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    if "evaluate" in results:
+        console.print_json(json.dumps(results["evaluate"]))
+
+
+@train_app.command()
+def merge(
+    adapter: Path = typer.Argument(..., help="A LoRA adapter directory."),
+    out: Path = typer.Option(..., "--out", "-o", help="Where to write the merged model."),
+) -> None:
+    """Merge an adapter into its base and write a plain transformers directory."""
+    from toolself.train.merge import merge_adapter
+
+    if not (adapter / "adapter_config.json").is_file():
+        _fail(f"{adapter} holds no adapter_config.json")
+    try:
+        path = merge_adapter(adapter, out)
+    except (FileExistsError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    console.print(f"merged model written to {path} (serve it, or use --model local:{path})")
+
+
+@train_app.command()
+def plot(
+    log: Path = typer.Argument(..., help="A train_log.jsonl."),
+    out: Path = typer.Option(..., "--out", "-o", help="PNG to write."),
+) -> None:
+    """Draw training curves from a training log."""
+    from toolself.train.plots import plot_log
+
+    path = plot_log(log, out, log.parent.name)
+    if path is None:
+        _fail(f"{log} has no step records")
+    console.print(f"curves written to {path}")

@@ -1,0 +1,92 @@
+"""CAT stage II: trajectory-level KTO on the RFT model's own attempts (TRL `KTOTrainer`, LoRA).
+
+The RFT adapter is merged into its base first and a new adapter is trained on top, so the
+policy starts as the RFT model and the reference (TRL's adapter-disabled forward pass) *is*
+the RFT model, as CAT prescribes. The decisions come pre-tokenized from the data builder;
+`PretokenizedKTOTrainer` only adds TRL's KL pairing to them instead of re-rendering and
+re-tokenizing text, so the trained tokens are the ones the policy produced.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from trl import KTOTrainer
+
+from toolself.train.data import kto_weights
+from toolself.train.kto_config import KTOConfig
+from toolself.train.rft import TrainResult
+
+logger = logging.getLogger(__name__)
+
+
+class PretokenizedKTOTrainer(KTOTrainer):
+    """A `KTOTrainer` that accepts datasets already holding `prompt_ids` / `completion_ids`."""
+
+    def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+        if "prompt_ids" not in (dataset.column_names or []):
+            return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
+        dataset = dataset.select_columns(["prompt_ids", "completion_ids", "label"])
+        if self.calculate_KL:
+            # TRL's pairing: completions rotated by one within each micro-batch (mismatched pairs).
+            def add_kl(batch):
+                batch["KL_completion_ids"] = [batch["completion_ids"][-1]] + batch["completion_ids"][:-1]
+                return batch
+
+            dataset = dataset.map(add_kl, batched=True, batch_size=args.per_device_train_batch_size)
+        return dataset
+
+
+def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: KTOConfig | None = None,
+              log_path: str | Path | None = None, resume: bool = False) -> TrainResult:
+    """Train a KTO adapter on top of `policy_path` (the RFT adapter or a full model) with
+    `dataset` (prompt_ids / completion_ids / label), saved in `out_dir` with the merged
+    starting model in `out_dir/base` when the policy was an adapter."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from toolself.train.lora import load_base
+    from toolself.train.merge import prepare_base
+    from toolself.train.trainlog import CountingCollator, JsonlLog
+    from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
+
+    if len(dataset) < 2:
+        raise ValueError("the KTO dataset needs at least two decisions")
+    out_dir = Path(out_dir)
+    config = config or KTOConfig(output_dir=str(out_dir / "checkpoints"))
+    if config.output_dir is None:
+        config.output_dir = str(out_dir / "checkpoints")
+    desirable = sum(bool(x) for x in dataset["label"])
+    weights = kto_weights(desirable, len(dataset) - desirable)
+    if config.balance_weights:
+        config.desirable_weight, config.undesirable_weight = weights.desirable_weight, weights.undesirable_weight
+    weights.desirable_weight, weights.undesirable_weight = config.desirable_weight, config.undesirable_weight
+    if weights.single_class:
+        logger.warning("every decision has the same label (%d desirable of %d): KTO has one class to learn from",
+                       desirable, len(dataset))
+    log_path = Path(log_path) if log_path else out_dir / "train_log.jsonl"
+    if log_path.exists() and not resume:
+        log_path.unlink()
+    base = prepare_base(policy_path, out_dir)
+    model, tokenizer = load_base(base)
+    collator = CountingCollator(DataCollatorForUnpairedPreference(pad_token_id=tokenizer.pad_token_id,
+                                                                  max_length=config.max_length))
+    log = JsonlLog(log_path, collator, stage="kto",
+                   extra={"examples": len(dataset), "base": str(base), "weights": weights.to_dict()})
+    trainer = PretokenizedKTOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
+                                     data_collator=collator, peft_config=config.peft_config(), callbacks=[log])
+    checkpoint = get_last_checkpoint(config.output_dir) if resume and Path(config.output_dir).is_dir() else None
+    started = time.perf_counter()
+    output = trainer.train(resume_from_checkpoint=checkpoint)
+    seconds = time.perf_counter() - started
+    trainer.save_model(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    result = TrainResult(output_dir=str(out_dir), adapter=not config.full_finetune, steps=output.global_step,
+                         train_loss=output.training_loss, tokens=collator.tokens, seconds=round(seconds, 3),
+                         tokens_per_second=round(collator.tokens / seconds, 2) if seconds else 0.0,
+                         examples=len(dataset), log=str(log_path),
+                         extra={"weights": weights.to_dict(), "kl_tokens": collator.kl_tokens, "base": str(base)})
+    (out_dir / "train_result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+    return result

@@ -1,0 +1,76 @@
+"""Merging a LoRA adapter into its base: for serving without `--enable-lora`, and for training
+KTO on top of the RFT model (the merged model is then both the starting point and, with the new
+adapter disabled, the reference)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def adapter_base(adapter_dir: str | Path) -> Path:
+    """The base model directory an adapter was trained on: the one it names when that exists
+    here, else the converted default model when it names that."""
+    adapter_dir = Path(adapter_dir)
+    config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+    base = config.get("base_model_name_or_path") or ""
+    if base and (Path(base) / "config.json").is_file():
+        return Path(base)
+    if (adapter_dir / base / "config.json").is_file():  # a path relative to the adapter
+        return adapter_dir / base
+    lowered = base.lower()
+    if not base or ("smollm2" in lowered and "135m" in lowered):
+        from toolself.models.local import default_model_dir
+
+        return default_model_dir()
+    raise FileNotFoundError(f"the adapter in {adapter_dir} was trained on {base!r}, which is not available here")
+
+
+def merged_model(adapter_dir: str | Path, dtype: Any = None):
+    """(model with the adapter merged in, tokenizer)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    adapter_dir = Path(adapter_dir)
+    base = adapter_base(adapter_dir)
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype or "auto")
+    model = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    own_tokenizer = (adapter_dir / "tokenizer_config.json").is_file()
+    tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir if own_tokenizer else base))
+    return model, tokenizer
+
+
+def merge_adapter(adapter_dir: str | Path, out_dir: str | Path, dtype: Any = None) -> Path:
+    """Write adapter + base as one plain transformers directory (written aside, then renamed
+    into place, so an interrupted merge never leaves a half-written model behind)."""
+    out_dir = Path(out_dir)
+    if (out_dir / "config.json").is_file():
+        raise FileExistsError(f"{out_dir} already holds a model")
+    model, tokenizer = merged_model(adapter_dir, dtype)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        if out_dir.exists():
+            out_dir.rmdir()
+        tmp.rename(out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def prepare_base(path: str | Path, out_dir: str | Path) -> Path:
+    """The directory to train from: `path` itself when it is a full model, else its adapter
+    merged into `out_dir/base` (kept: a new adapter names it as its base)."""
+    path = Path(path)
+    if not (path / "adapter_config.json").is_file():
+        return path
+    target = Path(out_dir) / "base"
+    if not (target / "config.json").is_file():
+        merge_adapter(path, target)
+    return target.resolve()

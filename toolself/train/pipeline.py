@@ -1,0 +1,205 @@
+"""CAT end to end: collect (teacher) -> RFT data -> RFT -> collect (RFT policy) -> KTO data ->
+KTO -> evaluate, each step checkpointed in `OUT/state.json`.
+
+A step is marked done only after its outputs are complete (the state file is replaced
+atomically), so an interrupted pipeline, rerun with the same command, skips the finished steps
+and redoes the one it stopped in. The collection and evaluation steps resume inside themselves
+too (the evaluation runner skips finished attempts). A rerun with different settings that would
+change a finished step's meaning is refused unless `force`.
+
+    OUT/state.json            settings and finished steps with their results
+    OUT/collect/teacher/      runner folder: teacher attempts on the train split
+    OUT/data/sft/             datasets folder + stats.json
+    OUT/rft/                  RFT adapter (loads with --model local:OUT/rft), train_log.jsonl, curves.png
+    OUT/collect/policy/       runner folder: RFT-policy attempts on the train split
+    OUT/data/kto/             datasets folder + stats.json
+    OUT/kto/                  KTO adapter on OUT/kto/base (the merged RFT model), log, curves.png
+    OUT/eval/                 runner folder: student, RFT and KTO on the held-out split
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+STEPS = ("collect_teacher", "data_sft", "rft", "collect_policy", "data_kto", "kto", "evaluate")
+STATE_FILE = "state.json"
+
+
+@dataclass
+class CATSettings:
+    """What defines a CAT run (compared on resume)."""
+
+    tasks: list[str]
+    teacher: str = "expert"
+    student: str = "embedded"
+    teacher_samples: int = 4
+    policy_samples: int = 4
+    limit: int | None = None
+    eval_tasks: list[str] | None = None
+    eval_limit: int | None = None
+    temperature: float = 0.7
+    seed: int = 0
+    max_length: int = 16384
+    agent: dict[str, Any] = field(default_factory=dict)
+    rft: dict[str, Any] = field(default_factory=dict)
+    kto: dict[str, Any] = field(default_factory=dict)
+    concurrency: int = 4
+    timeout: float | None = 600.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class PipelineMismatch(ValueError):
+    """The output folder holds a CAT run made with other settings."""
+
+
+class State:
+    def __init__(self, out: Path):
+        self.path = out / STATE_FILE
+        self.data: dict[str, Any] = {"settings": None, "steps": {}}
+        if self.path.is_file():
+            self.data = json.loads(self.path.read_text(encoding="utf-8"))
+
+    def done(self, step: str) -> bool:
+        return bool(self.data["steps"].get(step, {}).get("done"))
+
+    def result(self, step: str) -> dict[str, Any]:
+        return self.data["steps"][step]["result"]
+
+    def finish(self, step: str, result: dict[str, Any], seconds: float) -> None:
+        self.data["steps"][step] = {"done": True, "result": result, "seconds": round(seconds, 3),
+                                    "finished_at": time.time()}
+        self.save()
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, self.path)
+
+
+def agent_overrides(settings: CATSettings) -> dict[str, Any]:
+    """Budgets for every collection and evaluation: the student's (a teacher's trajectories are
+    shaped by the same context budget the student will work under), then the user's."""
+    from toolself.cli import model_defaults
+
+    spec = settings.student if settings.student in ("embedded", "default") or settings.student.startswith("local:") \
+        else f"local:{settings.student}"
+    d = model_defaults(spec)
+    base = {"context_budget": d.context_budget, "config_max_text": d.config_max_text,
+            "max_tokens_per_call": d.max_tokens_per_call}
+    return {**base, **settings.agent}
+
+
+def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_after: str | None = None,
+            echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run (or resume) the pipeline; returns the state's step results."""
+    from toolself.train import data as D
+    from toolself.train.collect import collect, load_any
+    from toolself.train.kto import train_kto
+    from toolself.train.kto_config import KTOConfig
+    from toolself.train.lora import resolve_model_path
+    from toolself.train.plots import plot_log
+    from toolself.train.rft import train_rft
+    from toolself.train.rft_config import RFTConfig
+
+    if stop_after is not None and stop_after not in STEPS:
+        raise ValueError(f"unknown step {stop_after!r}; steps: {list(STEPS)}")
+    out = Path(out)
+    state = State(out)
+    wanted = settings.to_dict()
+    if state.data["settings"] is not None and state.data["settings"] != wanted and not force:
+        raise PipelineMismatch(f"{out} holds a CAT run with other settings; use another folder or force")
+    state.data["settings"] = wanted
+    state.save()
+    student = resolve_model_path(settings.student)
+    rft_dir, kto_dir = out / "rft", out / "kto"
+
+    def renderer():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(student))
+
+    def step_collect_teacher() -> dict[str, Any]:
+        return collect(settings.tasks, settings.teacher, out / "collect" / "teacher", settings.teacher_samples,
+                       split="train", limit=settings.limit, temperature=settings.temperature, seed=settings.seed,
+                       concurrency=settings.concurrency, timeout=settings.timeout,
+                       settings=agent_overrides(settings)).to_dict()
+
+    def step_data_sft() -> dict[str, Any]:
+        trajectories, schemas = load_any(out / "collect" / "teacher")
+        r = D.Renderer(renderer(), schemas)
+        dataset, stats = D.build_sft_dataset(trajectories, r, settings.max_length)
+        info = D.sft_stats(dataset, stats)
+        D.save_dataset(dataset, out / "data" / "sft", info)
+        return {"examples": len(dataset), "trajectories": stats.trajectories,
+                "rejected_trajectories": stats.skipped_trajectories, "truncated": stats.truncated}
+
+    def step_rft() -> dict[str, Any]:
+        dataset = D.load_dataset_dir(out / "data" / "sft")
+        config = RFTConfig(output_dir=str(rft_dir / "checkpoints"), max_length=settings.max_length,
+                           seed=settings.seed, **settings.rft)
+        result = train_rft(dataset, student, rft_dir, config)
+        plot_log(result.log, rft_dir / "curves.png", "RFT")
+        return result.to_dict()
+
+    def step_collect_policy() -> dict[str, Any]:
+        return collect(settings.tasks, f"local:{rft_dir}", out / "collect" / "policy", settings.policy_samples,
+                       split="train", limit=settings.limit, temperature=settings.temperature, seed=settings.seed,
+                       concurrency=settings.concurrency, timeout=settings.timeout,
+                       settings=agent_overrides(settings)).to_dict()
+
+    def step_data_kto() -> dict[str, Any]:
+        trajectories, schemas = load_any(out / "collect" / "policy")
+        r = D.Renderer(renderer(), schemas)
+        dataset, stats, weights = D.build_kto_dataset(trajectories, r, settings.max_length)
+        info = D.kto_stats(dataset, stats, weights)
+        D.save_dataset(dataset, out / "data" / "kto", info)
+        for note in stats.notes:
+            echo(f"note: {note}")
+        return {"examples": len(dataset), "trajectories": stats.trajectories, "weights": weights.to_dict(),
+                "truncated": stats.truncated}
+
+    def step_kto() -> dict[str, Any]:
+        dataset = D.load_dataset_dir(out / "data" / "kto")
+        config = KTOConfig(output_dir=str(kto_dir / "checkpoints"), max_length=settings.max_length,
+                           seed=settings.seed, **settings.kto)
+        result = train_kto(dataset, rft_dir, kto_dir, config)
+        plot_log(result.log, kto_dir / "curves.png", "KTO")
+        return result.to_dict()
+
+    def step_evaluate() -> dict[str, Any]:
+        from toolself.evals.runner import run_eval
+
+        models = {"student": "embedded" if settings.student in ("embedded", "default") else f"local:{student}",
+                  "rft": f"local:{rft_dir}", "kto": f"local:{kto_dir}"}
+        results = {}
+        for name, spec in models.items():
+            summary = run_eval(settings.eval_tasks or settings.tasks, ["toolself"], spec, out / "eval" / name,
+                               split="heldout", limit=settings.eval_limit, seed=settings.seed,
+                               concurrency=settings.concurrency, timeout=settings.timeout,
+                               settings=agent_overrides(settings))
+            results[name] = summary.accuracy().get("toolself", {})
+        return results
+
+    bodies = {"collect_teacher": step_collect_teacher, "data_sft": step_data_sft, "rft": step_rft,
+              "collect_policy": step_collect_policy, "data_kto": step_data_kto, "kto": step_kto,
+              "evaluate": step_evaluate}
+    for step in STEPS:
+        if state.done(step):
+            echo(f"[{step}] done earlier, skipped")
+        else:
+            echo(f"[{step}] running")
+            started = time.monotonic()
+            result = bodies[step]()
+            state.finish(step, result, time.monotonic() - started)
+            echo(f"[{step}] finished in {time.monotonic() - started:.1f} s: {json.dumps(result, default=str)[:300]}")
+        if step == stop_after:
+            break
+    return {s: state.result(s) for s in STEPS if state.done(s)}

@@ -1,0 +1,78 @@
+"""CAT stage I: fine-tune a student on the successful trajectories (TRL `SFTTrainer`, LoRA).
+
+The dataset is the data builder's: pre-tokenized sequences with their labels (-100 on every
+token the policy did not write), trained as is with TRL's padding collator, so the loss falls
+exactly on the tokens the teacher produced.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolself.train.rft_config import RFTConfig
+
+
+@dataclass
+class TrainResult:
+    """Where the trained model went and what training measured."""
+
+    output_dir: str
+    adapter: bool
+    steps: int
+    train_loss: float | None
+    tokens: int
+    seconds: float
+    tokens_per_second: float
+    examples: int
+    log: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTConfig | None = None,
+              log_path: str | Path | None = None, resume: bool = False) -> TrainResult:
+    """Fine-tune `model_path` (a model directory; an adapter is merged first) on `dataset`
+    (input_ids / labels) and save the adapter (or the full model) with its tokenizer in
+    `out_dir`, which then loads with `--model local:OUT_DIR`."""
+    from transformers.trainer_utils import get_last_checkpoint
+    from trl import SFTTrainer
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from toolself.train.lora import load_base
+    from toolself.train.merge import prepare_base
+    from toolself.train.trainlog import CountingCollator, JsonlLog
+
+    if len(dataset) == 0:
+        raise ValueError("the RFT dataset is empty: no successful trajectory to learn from")
+    out_dir = Path(out_dir)
+    config = config or RFTConfig(output_dir=str(out_dir / "checkpoints"))
+    if config.output_dir is None:
+        config.output_dir = str(out_dir / "checkpoints")
+    log_path = Path(log_path) if log_path else out_dir / "train_log.jsonl"
+    if log_path.exists() and not resume:
+        log_path.unlink()
+    base = prepare_base(model_path, out_dir)
+    model, tokenizer = load_base(base)
+    dataset = dataset.select_columns(["input_ids", "labels"])
+    collator = CountingCollator(DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id))
+    log = JsonlLog(log_path, collator, stage="rft", extra={"examples": len(dataset), "base": str(base)})
+    trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
+                         data_collator=collator, peft_config=config.peft_config(), callbacks=[log])
+    checkpoint = get_last_checkpoint(config.output_dir) if resume and Path(config.output_dir).is_dir() else None
+    started = time.perf_counter()
+    output = trainer.train(resume_from_checkpoint=checkpoint)
+    seconds = time.perf_counter() - started
+    trainer.save_model(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    result = TrainResult(output_dir=str(out_dir), adapter=not config.full_finetune, steps=output.global_step,
+                         train_loss=output.training_loss, tokens=collator.tokens, seconds=round(seconds, 3),
+                         tokens_per_second=round(collator.tokens / seconds, 2) if seconds else 0.0,
+                         examples=len(dataset), log=str(log_path))
+    (out_dir / "train_result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+    return result

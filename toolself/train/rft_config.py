@@ -1,0 +1,63 @@
+"""Configuration of CAT stage I: rejection-sampling fine-tuning (TRL's `SFTConfig` + LoRA).
+
+Every `TrainingArguments` / `SFTConfig` field is available; the defaults below are the ones
+that differ, each with why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trl import SFTConfig
+
+from toolself.train.lora import LoraArguments, accelerator_defaults
+
+
+@dataclass
+class RFTConfig(SFTConfig, LoraArguments):
+    learning_rate: float = field(
+        default=2e-4,
+        metadata={"help": "AdamW learning rate. 2e-4 is the usual LoRA SFT rate (LoRA updates start at zero and "
+                          "need a rate ~10x a full fine-tune's); use ~1e-5 with --full-finetune."},
+    )
+    num_train_epochs: float = field(
+        default=2.0,
+        metadata={"help": "Passes over the successful trajectories. Rejection sampling yields few of them; two "
+                          "passes fit them without memorising single tasks."},
+    )
+    per_device_train_batch_size: int = field(
+        default=2, metadata={"help": "Sequences per device and micro-step (trajectory sequences are long)."})
+    gradient_accumulation_steps: int = field(
+        default=4, metadata={"help": "Micro-steps per optimizer step: an effective batch of 8 sequences per device."})
+    max_length: int | None = field(
+        default=16384,
+        metadata={"help": "Longest training sequence in tokens. The data builder cuts a longer decision from the "
+                          "left (its prompt's start) and counts it; 16384 covers the 16k visible-context budget "
+                          "used with served models, and embedded-model trajectories are far shorter."},
+    )
+    lr_scheduler_type: str = field(default="cosine", metadata={"help": "Learning-rate schedule."})
+    warmup_steps: float = field(
+        default=0.05, metadata={"help": "Linear warm-up, as a fraction of the steps when below 1."})
+    logging_steps: float = field(
+        default=1, metadata={"help": "Log every N optimizer steps (the training log and curves are per step)."})
+    save_strategy: str = field(
+        default="no",
+        metadata={"help": "Intermediate checkpoints; the final adapter is always saved. Set `steps` for long GPU "
+                          "runs and resume with --resume."},
+    )
+    report_to: Any = field(default="none", metadata={"help": "Experiment trackers (the JSONL log is always written)."})
+    bf16: bool | None = field(
+        default=None,
+        metadata={"help": "bfloat16 mixed precision. Default: on where the GPU supports it, off on CPUs."},
+    )
+    dataset_kwargs: dict[str, Any] | str | None = field(
+        default_factory=lambda: {"skip_prepare_dataset": True},
+        metadata={"help": "The dataset is pre-tokenized with its labels (the data builder's), so TRL's own "
+                          "preparation is skipped: no re-tokenization, no second truncation."},
+    )
+    seed: int = field(default=0, metadata={"help": "Random seed."})
+
+    def __post_init__(self) -> None:
+        accelerator_defaults(self)
+        super().__post_init__()
