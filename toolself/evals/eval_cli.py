@@ -29,7 +29,7 @@ def _fail(message: str) -> None:
 def eval_command(
     tasks: list[str] = typer.Option(..., "--tasks", "-t", help="Dataset specs, comma-separated or repeated: "
                                     "builtin:research, gaia:PATH, frames:PATH, swebench:PATH, jsonl:PATH, ..."),
-    methods: list[str] = typer.Option(["toolself"], "--methods", help="Methods, comma-separated (see `toolself methods`)."),
+    methods: list[str] = typer.Option(["toolself"], "--methods", help="Methods, comma-separated (see `toolself methods`), or `all`."),
     model: str = typer.Option("embedded", "--model", "-m", help="embedded | local:PATH | openai:NAME@URL | expert"),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder; rerunning the same command resumes it."),
     judge: Optional[str] = typer.Option(None, help="LLM judge for FRAMES / xbench answers: openai:NAME@URL."),
@@ -56,6 +56,10 @@ def eval_command(
     from toolself.evals.runner import SettingsMismatch, run_eval
 
     specs, names = _split_list(tasks), _split_list(methods)
+    if names == ["all"]:
+        from toolself.variants import methods as all_methods
+
+        names = [m.name for m in all_methods()]
     settings = {"max_stages": max_stages, "max_steps_per_stage": max_steps, "max_total_tokens": max_tokens}
     if context_budget is not None:
         settings["context_budget"] = context_budget
