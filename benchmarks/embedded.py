@@ -3,8 +3,9 @@
 - load: seconds to load the converted model (and, with --fresh-cache, to convert the GGUF
   file into a new cache folder first);
 - kv_reuse: per-step latency along one agent episode whose context grows by a tool
-  observation each step up to ~2k tokens, with the KV cache kept between steps against
-  recomputing the whole prompt every step (same messages, greedy, outputs compared);
+  observation each step to ~2.4k tokens, with the KV cache kept between steps against
+  recomputing the whole prompt every step (same messages, greedy, outputs compared); the
+  summary averages the steps at 1.5k tokens and more, whole step and prefill alone;
 - throughput: generated tokens per second for 1 and for 8 concurrent episodes (threads
   calling `complete`, as the eval runner does), each step a tool-call turn followed by an
   observation.
@@ -90,11 +91,16 @@ def bench_kv_reuse(model_cls, weights, observations, target_tokens: int, max_tok
     try:
         while True:
             prompt_len = len(reuse.prompt_ids(messages, TOOLS))
-            if prompt_len > target_tokens:
+            if prompt_len > target_tokens * 1.2:
                 break
+            before = reuse.engine.stats["prefill_seconds"]
             a = reuse.complete(list(messages), tools=TOOLS, session="bench", max_tokens=max_tokens)
+            reuse_prefill = reuse.engine.stats["prefill_seconds"] - before
+            before = fresh.engine.stats["prefill_seconds"]
             b = fresh.complete(list(messages), tools=TOOLS, max_tokens=max_tokens)
+            fresh_prefill = fresh.engine.stats["prefill_seconds"] - before
             rows.append({"prompt_tokens": prompt_len, "reuse_s": a.latency, "recompute_s": b.latency,
+                         "reuse_prefill_s": reuse_prefill, "recompute_prefill_s": fresh_prefill,
                          "cached_tokens": a.usage.cached_tokens, "completion_tokens": a.usage.completion_tokens,
                          "same_output": a.completion_token_ids == b.completion_token_ids})
             _observe(messages, a, observations[step % len(observations)], step)
@@ -102,9 +108,11 @@ def bench_kv_reuse(model_cls, weights, observations, target_tokens: int, max_tok
     finally:
         reuse.close()
         fresh.close()
-    long_rows = [r for r in rows if r["prompt_tokens"] >= target_tokens * 0.6] or rows[-3:]
+    long_rows = [r for r in rows if r["prompt_tokens"] >= target_tokens * 0.75] or rows[-3:]
     reuse_s = statistics.mean(r["reuse_s"] for r in long_rows)
     recompute_s = statistics.mean(r["recompute_s"] for r in long_rows)
+    reuse_prefill = statistics.mean(r["reuse_prefill_s"] for r in long_rows)
+    recompute_prefill = statistics.mean(r["recompute_prefill_s"] for r in long_rows)
     return {
         "steps": len(rows),
         "final_prompt_tokens": rows[-1]["prompt_tokens"],
@@ -113,6 +121,9 @@ def bench_kv_reuse(model_cls, weights, observations, target_tokens: int, max_tok
         "reuse_step_s": round(reuse_s, 3),
         "recompute_step_s": round(recompute_s, 3),
         "speedup": round(recompute_s / reuse_s, 2),
+        "reuse_prefill_s": round(reuse_prefill, 3),
+        "recompute_prefill_s": round(recompute_prefill, 3),
+        "prefill_speedup": round(recompute_prefill / reuse_prefill, 2),
         "identical_outputs": all(r["same_output"] for r in rows),
         "per_step": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
     }
@@ -173,6 +184,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=2000, help="context length reached by the KV reuse episode")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    parser.add_argument("--parts", default="reuse,throughput", help="comma-separated: reuse, throughput")
     args = parser.parse_args()
 
     import torch
@@ -184,11 +196,16 @@ def main() -> None:
     out: dict = {"torch_threads": torch.get_num_threads(), "cpus": len(os.sched_getaffinity(0)),
                  "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
     if args.fresh_cache:
-        tmp = tempfile.mkdtemp(prefix="toolself-bench-cache-")
-        os.environ["TOOLSELF_CACHE"] = tmp
-        start = time.perf_counter()
-        local.default_model_dir()
-        out["first_conversion_s"] = round(time.perf_counter() - start, 2)
+        previous = os.environ.get("TOOLSELF_CACHE")
+        with tempfile.TemporaryDirectory(prefix="toolself-bench-cache-") as tmp:
+            os.environ["TOOLSELF_CACHE"] = tmp
+            start = time.perf_counter()
+            local.default_model_dir()
+            out["first_conversion_s"] = round(time.perf_counter() - start, 2)
+        if previous is None:
+            os.environ.pop("TOOLSELF_CACHE")
+        else:
+            os.environ["TOOLSELF_CACHE"] = previous
     start = time.perf_counter()
     model, tokenizer, _ = local.load_weights(dtype=args.dtype)
     out["load_s"] = round(time.perf_counter() - start, 2)
@@ -199,11 +216,14 @@ def main() -> None:
 
     observations = _observations()
     weights = (model, tokenizer)
-    out["kv_reuse"] = bench_kv_reuse(local.EmbeddedModel, weights, observations, args.context, args.max_tokens)
-    one = bench_throughput(local.EmbeddedModel, weights, observations, 1, args.steps, args.max_tokens)
-    eight = bench_throughput(local.EmbeddedModel, weights, observations, 8, args.steps, args.max_tokens)
-    out["throughput"] = {"1": one, "8": eight,
-                         "speedup_8_vs_1": round(eight["generated_tokens_per_s"] / one["generated_tokens_per_s"], 2)}
+    parts = set(args.parts.split(","))
+    if "reuse" in parts:
+        out["kv_reuse"] = bench_kv_reuse(local.EmbeddedModel, weights, observations, args.context, args.max_tokens)
+    if "throughput" in parts:
+        one = bench_throughput(local.EmbeddedModel, weights, observations, 1, args.steps, args.max_tokens)
+        eight = bench_throughput(local.EmbeddedModel, weights, observations, 8, args.steps, args.max_tokens)
+        out["throughput"] = {"1": one, "8": eight,
+                             "speedup_8_vs_1": round(eight["generated_tokens_per_s"] / one["generated_tokens_per_s"], 2)}
     out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(out, indent=1))
 

@@ -177,3 +177,57 @@ def test_a_lora_adapter_loads_onto_the_default_model(model, tmp_path):
                 == model.complete(messages, tools=SCHEMAS, max_tokens=24).completion_token_ids)
     finally:
         loaded.close()
+
+
+def _kv(length: int, seed: int, layers: int = 2):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(1, 3, length, 4, generator=g), torch.randn(1, 3, length, 4, generator=g))
+            for _ in range(layers)]
+
+
+def test_the_prefix_store_finds_the_longest_shared_prefix_but_leaves_a_token_to_compute():
+    from toolself.models.engine import PrefixStore
+
+    store = PrefixStore(max_entries=4, max_tokens=1000)
+    store.put("a", [1, 2, 3, 4, 5], _kv(5, 0))
+    store.put("b", [1, 2, 9], _kv(3, 1))
+    key, length, kv = store.lookup([1, 2, 3, 4, 7, 8], session=None)
+    assert (key, length) == ("a", 4) and kv[0][0].shape[2] == 4
+    key, length, _ = store.lookup([1, 2, 3, 4, 5], session=None)
+    assert length == 4, "the last prompt token is always computed, for its logits"
+    assert store.lookup([7, 7, 7], session=None)[1] == 0
+
+
+def test_the_prefix_store_forgets_the_least_recent_entries_beyond_its_budget():
+    from toolself.models.engine import PrefixStore
+
+    store = PrefixStore(max_entries=8, max_tokens=10)
+    store.put("old", [1] * 6, _kv(6, 0))
+    store.put("new", [2] * 6, _kv(6, 1))
+    assert len(store) == 1 and store.lookup([1] * 7, session=None)[1] == 0
+    store.drop("new")
+    assert len(store) == 0
+
+
+def test_batch_rows_keep_their_caches_while_others_join_and_leave():
+    import torch
+
+    from toolself.models.engine import Request, _Batch, _Sequence
+
+    def seq(length, seed, remaining=5):
+        return _Sequence(request=Request(prompt_ids=list(range(length)), max_tokens=remaining),
+                         fed=list(range(length)), cached_tokens=0, store_key=str(seed), kv=_kv(length, seed))
+
+    batch = _Batch(num_layers=2, max_rows=4)
+    lengths = {0: 6, 1: 3, 2: 9, 3: 4}
+    for s in lengths:
+        batch.join(seq(lengths[s], s))
+    assert batch.width == 9
+    batch.leave(1)
+    for i, s in enumerate(batch.rows):
+        original = _kv(lengths[int(s.store_key)], int(s.store_key))
+        for (k, v), (k0, v0) in zip(batch.row_kv(i), original):
+            assert torch.equal(k, k0) and torch.equal(v, v0)
+        assert int(batch.mask[i].sum()) == lengths[int(s.store_key)]

@@ -435,9 +435,11 @@ class Engine:
         self.stats["steps"] += 1
         self.stats["step_rows"] += len(rows)
         self.stats["max_rows"] = max(self.stats["max_rows"], len(rows))
-        for i in reversed(range(len(rows))):
-            if rows[i].finish_reason is not None:
-                seq = rows[i]
+        for i in reversed(range(len(batch.rows))):
+            seq = batch.rows[i]
+            if seq.finish_reason is None and seq.request.future.cancelled():
+                seq.finish_reason = "cancelled"
+            if seq.finish_reason is not None:
                 self._finish(seq, batch.leave(i))
         self.stats["step_seconds"] += time.perf_counter() - start
         self.stats["step_cpu_seconds"] += time.thread_time() - cpu_start

@@ -93,8 +93,9 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         try:
             os.rename(tmp, target)
         except OSError:
-            if not (target / "config.json").is_file():  # lost the race to a broken writer
+            if not (target / "config.json").is_file():
                 raise
+            # else another process finished first: keep its copy
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -121,7 +122,6 @@ def _quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
 
 
 def load_weights(path: str | os.PathLike | None = None, dtype: str = "auto"):
