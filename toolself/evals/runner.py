@@ -249,7 +249,8 @@ def run_eval(
         jobs = _missing(stores, datasets, methods, method_settings, repeats)
         # Models load only when something is left to run: a finished run reports at once.
         policy_for, writer, judge_obj = _models(model, config_model, judge, model_options) if jobs else (None,) * 3
-        pool = pool if pool is not None or not jobs else default_pool()
+        own_pool = default_pool() if pool is None and jobs else None  # closed at the end (MCP connections)
+        pool = pool if pool is not None else own_pool
     except BaseException:
         for store in stores.values():
             store.close()
@@ -360,6 +361,8 @@ def run_eval(
         progress.close()
         for store in stores.values():
             store.close()
+        if own_pool is not None and hasattr(own_pool, "close"):
+            own_pool.close()
 
     wanted = {k.id for k in requested}
     records = [r for m in methods for r in stores[m].records.values() if r.key.id in wanted]
