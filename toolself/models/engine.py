@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values of shape [1, heads, tokens, dim]
 
@@ -146,6 +146,49 @@ class PrefixStore:
         return len(self._entries)
 
 
+KV_DTYPE = torch.float32
+ATTENTION = "toolself_sdpa"
+
+
+class _Float32Layer(DynamicLayer):
+    """A growing cache layer that keeps keys and values in float32 whatever the weights.
+
+    Torch's CPU attention kernel is fast in float32 and, for one query token, tens of times
+    slower in bfloat16 (5.8 ms against 0.1 ms a layer at 2k tokens, measured here), so a
+    bfloat16 model attends over a float32 cache (see `_attention`)."""
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return super().update(key_states.to(KV_DTYPE), value_states.to(KV_DTYPE), *args, **kwargs)
+
+
+def new_cache(num_layers: int, prefix: KV | None = None) -> Cache:
+    layers = [_Float32Layer() for _ in range(num_layers)]
+    if prefix:
+        for layer, (k, v) in zip(layers, prefix):
+            layer.update(k, v)
+    return Cache(layers=layers)
+
+
+def _attention(module, query, key, value, attention_mask, **kwargs):
+    """Transformers' SDPA attention, computed in the cache's dtype when the weights differ."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if query.dtype == key.dtype:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    out, weights = sdpa_attention_forward(module, query.to(key.dtype), key, value, attention_mask, **kwargs)
+    return out.to(query.dtype), weights
+
+
+def use_engine_attention(model: Any) -> None:
+    """Route the model's attention through `_attention` (same masks as "sdpa")."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(ATTENTION, _attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+    model.set_attn_implementation(ATTENTION)
+
+
 class _RowLayer(DynamicLayer):
     """One layer of the batch cache: a view over preallocated rows. Appending writes into the
     spare columns instead of concatenating (which would copy the whole cache every step)."""
@@ -163,7 +206,7 @@ class _RowLayer(DynamicLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         rows, width = self.keys.shape[0], self.keys.shape[-2]
         end = width + key_states.shape[-2]
-        self.kbuf[:rows, :, width:end] = key_states
+        self.kbuf[:rows, :, width:end] = key_states  # casts to the buffer's dtype
         self.vbuf[:rows, :, width:end] = value_states
         self.keys = self.kbuf[:rows, :, :end]
         self.values = self.vbuf[:rows, :, :end]
@@ -272,6 +315,8 @@ class Engine:
     def __init__(self, model: Any, *, stop_token_ids: list[int], vocab_size: int, max_batch: int = 8,
                  cache_entries: int = 16, cache_tokens: int = 65536):
         self.model = model
+        if getattr(model, "dtype", KV_DTYPE) != KV_DTYPE:
+            use_engine_attention(model)
         self.stop_token_ids = set(stop_token_ids)
         self.vocab_size = vocab_size
         self.max_batch = max_batch
@@ -402,7 +447,7 @@ class Engine:
         else:
             store_key = self.store.new_key()
         new_ids = request.prompt_ids[reused:] + request.forced_ids
-        cache = DynamicCache(ddp_cache_data=prefix_kv) if prefix_kv else None
+        cache = new_cache(self.num_layers, prefix_kv)
         positions = torch.arange(reused, reused + len(new_ids)).unsqueeze(0)
         out = self.model(input_ids=torch.tensor([new_ids]), position_ids=positions, cache=cache,
                          use_cache=True, logits_to_keep=1)
