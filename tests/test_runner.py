@@ -157,7 +157,7 @@ def test_an_attempt_that_never_returns_is_abandoned_as_timeout_and_the_run_goes_
     model = ScriptedModel([], default=lambda m, t: json.dumps(config) if not t else stuck_on_t1(m, t))
     try:
         started = time.monotonic()
-        run(tmp_path, spec, model=model, methods=("toolself",), timeout=0.5, grace=0.3)
+        run(tmp_path, spec, model=model, methods=("toolself",), timeout=1.0, grace=0.3)
         assert time.monotonic() - started < 5
     finally:
         RELEASE.set()
