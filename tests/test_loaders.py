@@ -312,3 +312,12 @@ def test_tasks_show_json_and_errors():
     assert record["family"] == "data" and record["answer"].isdigit()
     missing = CliRunner().invoke(tasks_app, ["show", "gsm8k:/nonexistent/file.jsonl"])
     assert missing.exit_code == 2 and "no file" in missing.output
+
+
+def test_swebench_parquet_reads_like_the_json(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    rows = json.loads(sample("swebench_lite/test_sample.json").read_text())
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "test-00000-of-00001.parquet")
+    tasks = load_tasks(str(tmp_path / "test-00000-of-00001.parquet"))
+    assert [t.id for t in tasks] == [r["instance_id"] for r in rows] and tasks[0].family == "swebench"
