@@ -154,3 +154,15 @@ def test_eval_and_report_commands_run_a_served_model_end_to_end(tmp_path):
     assert result.exit_code == 0, result.output
     assert "| toolself | 100.0 | 100.0 |" in result.output
     assert "won 0, lost 0, same 3" in result.output
+
+
+def test_the_commands_fail_with_a_message_for_an_unknown_method_or_a_missing_folder(tmp_path):
+    app = typer.Typer()
+    app.command("eval")(eval_command)
+    app.command("report")(report_command)
+    spec = write_tasks(tmp_path / "tasks.jsonl", 1)
+    result = CliRunner().invoke(app, ["eval", "--tasks", spec, "--methods", "toolself,nonesuch", "--model", "expert",
+                                      "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "unknown method 'nonesuch'" in result.output
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "nowhere")])
+    assert result.exit_code == 2 and "no eval output folder" in result.output
