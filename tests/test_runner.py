@@ -132,6 +132,29 @@ def test_a_rerun_with_other_settings_refuses_unless_forced(tmp_path):
     assert len(saved["commands"]) == 2 and saved["identity"]["timeout"] == 60
 
 
+def test_a_second_runner_on_the_same_folder_is_refused_while_the_first_holds_it(tmp_path):
+    import fcntl
+
+    from toolself.evals.runner import RunInProgress
+
+    spec = write_tasks(tmp_path / "tasks.jsonl", 1)
+    (tmp_path / "out").mkdir()
+    with open(tmp_path / "out" / ".lock", "a+") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(RunInProgress, match="another `toolself eval` is writing"):
+            run(tmp_path, spec, methods=("vanilla",))
+    assert run(tmp_path, spec, methods=("vanilla",)).ran == 1
+
+
+def test_workspaces_left_by_a_killed_run_are_cleared_on_restart(tmp_path):
+    spec = write_tasks(tmp_path / "tasks.jsonl", 1)
+    stale = tmp_path / "out" / "workspaces" / "toolself-t0-dead"
+    stale.mkdir(parents=True)
+    (stale / "half-written.txt").write_text("x")
+    run(tmp_path, spec, methods=("vanilla",))
+    assert not stale.exists()
+
+
 def test_an_attempt_past_its_time_limit_is_recorded_as_timeout(tmp_path):
     spec = write_tasks(tmp_path / "tasks.jsonl", 2)
 

@@ -53,7 +53,7 @@ def eval_command(
     """Run methods on datasets; resumable, with per-attempt timeouts and a live progress line."""
     from toolself.evals.records import atomic_write_text
     from toolself.evals.report import markdown_accuracy, write_report
-    from toolself.evals.runner import SettingsMismatch, run_eval
+    from toolself.evals.runner import RunInProgress, SettingsMismatch, run_eval
 
     specs, names = _split_list(tasks), _split_list(methods)
     if names == ["all"]:
@@ -73,7 +73,7 @@ def eval_command(
                            limit=limit, repeats=repeats, judge=judge, freeze=tuple(freeze), config_model=config_model,
                            split=split, seed=seed, force=force, settings=settings,
                            model_options=options)
-    except SettingsMismatch as exc:
+    except (SettingsMismatch, RunInProgress) as exc:
         _fail(str(exc))
     except (ValueError, FileNotFoundError, ImportError) as exc:
         _fail(str(exc))

@@ -13,6 +13,8 @@ Rerunning the same command resumes: finished keys are skipped (see `records` for
 `kill -9` at any moment loses at most the attempts in flight and never duplicates a record).
 A rerun whose settings would mix incomparable results (another model, judge, split, budget,
 seed or freeze) refuses unless `force`; adding methods, datasets, tasks or repeats is fine.
+One runner at a time holds a folder (an advisory lock that dies with its process), and a
+restart clears the workspaces of attempts that were in flight when the last one died.
 
 Concurrency is a pool of threads, one per attempt in flight: the agent loop and the tools are
 synchronous (tools run subprocesses with their own timeouts), an HTTP model is called from
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import json
 import queue
+import shutil
 import threading
 import time
 import traceback
@@ -54,6 +57,10 @@ TIMEOUT_END_REASONS = ("budget:time", "budget:cancelled")
 
 class SettingsMismatch(ValueError):
     """The output folder holds results made under other settings."""
+
+
+class RunInProgress(RuntimeError):
+    """Another runner holds the output folder."""
 
 
 @dataclass
@@ -242,133 +249,166 @@ def run_eval(
     command = {"tasks": list(tasks), "methods": list(methods), "limit": limit, "repeats": repeats,
                "concurrency": concurrency, **identity}
     out.mkdir(parents=True, exist_ok=True)
-    _check_run_file(out, identity, command, force)
-
-    stores = {m: MethodStore.open(out / safe_name(m)) for m in methods}
+    lock = _single_writer(out)
     try:
-        jobs = _missing(stores, datasets, methods, method_settings, repeats)
-        # Models load only when something is left to run: a finished run reports at once.
-        policy_for, writer, judge_obj = _models(model, config_model, judge, model_options) if jobs else (None,) * 3
-        own_pool = default_pool() if pool is None and jobs else None  # closed at the end (MCP connections)
-        pool = pool if pool is not None else own_pool
-    except BaseException:
-        for store in stores.values():
-            store.close()
-        raise
-    requested = [AttemptKey(spec, task.id, m, repeat) for repeat in range(repeats)
-                 for spec, spec_tasks in datasets.items() for task in spec_tasks for m in methods]
-    skipped = len(requested) - len(jobs)
+        _check_run_file(out, identity, command, force)
+        _clear_stale_workspaces(out / "workspaces")
 
-    if progress is None or progress is True:
-        progress = EvalProgress()
-    elif progress is False:
-        progress = EvalProgress(live=False, every=10**9)
-        progress.console.quiet = True
-
-    workspaces = out / "workspaces"
-
-    def attempt(job: _Job, cancel: threading.Event, live: list[Trajectory]) -> tuple[AttemptRecord, str | None]:
-        started = time.monotonic()
-        task = job.task
-        trajectory: Trajectory | None = None
-        verdict = None
-        failure: str | None = None
+        stores = {m: MethodStore.open(out / safe_name(m)) for m in methods}
         try:
-            policy = policy_for(task)
-            with task.environment(root=workspaces, model=policy) as env:
-                agent = Agent(policy, pool, job.settings, config_model=writer, observer=_Capture(live))
-                metadata = {"attempt": job.key.to_dict(), "family": task.family, "split": task.split,
-                            "reference": task.answer}
-                trajectory = agent.run(task.question, ctx=env.context, task_id=task.id, metadata=metadata,
-                                       cancel=cancel)
-                verdict = score(task, trajectory.answer, env, judge_obj)
-        except BaseException as exc:  # a crash in one attempt is data, never the end of the run
-            failure = "".join(traceback.format_exception(exc)).strip()
-        record = _record(job, trajectory, verdict, failure, time.monotonic() - started)
-        return record, (trajectory.to_json() if trajectory is not None else None)
+            jobs = _missing(stores, datasets, methods, method_settings, repeats)
+            # Models load only when something is left to run: a finished run reports at once.
+            policy_for, writer, judge_obj = _models(model, config_model, judge, model_options) if jobs else (None,) * 3
+            own_pool = default_pool() if pool is None and jobs else None  # closed at the end (MCP connections)
+            pool = pool if pool is not None else own_pool
+        except BaseException:
+            for store in stores.values():
+                store.close()
+            raise
+        requested = [AttemptKey(spec, task.id, m, repeat) for repeat in range(repeats)
+                     for spec, spec_tasks in datasets.items() for task in spec_tasks for m in methods]
+        skipped = len(requested) - len(jobs)
 
-    results: queue.Queue = queue.Queue()
-    running: dict[str, _Running] = {}
-    pending = list(reversed(jobs))
-    ran = 0
-    status_counts = {"ok": 0, "timeout": 0, "error": 0}
-    start = time.monotonic()
+        if progress is None or progress is True:
+            progress = EvalProgress()
+        elif progress is False:
+            progress = EvalProgress(live=False, every=10**9)
+            progress.console.quiet = True
 
-    def launch(job: _Job) -> None:
-        cancel = threading.Event()
-        live: list[Trajectory] = []
+        workspaces = out / "workspaces"
 
-        def body() -> None:
+        def attempt(job: _Job, cancel: threading.Event, live: list[Trajectory]) -> tuple[AttemptRecord, str | None]:
+            started = time.monotonic()
+            task = job.task
+            trajectory: Trajectory | None = None
+            verdict = None
+            failure: str | None = None
             try:
-                outcome = attempt(job, cancel, live)
-            except BaseException as exc:  # _record itself failed: still report the attempt
-                outcome = (_record(job, None, None, "".join(traceback.format_exception(exc)).strip(), 0.0), None)
-            results.put((job.key.id, outcome))
+                policy = policy_for(task)
+                with task.environment(root=workspaces, model=policy) as env:
+                    agent = Agent(policy, pool, job.settings, config_model=writer, observer=_Capture(live))
+                    metadata = {"attempt": job.key.to_dict(), "family": task.family, "split": task.split,
+                                "reference": task.answer}
+                    trajectory = agent.run(task.question, ctx=env.context, task_id=task.id, metadata=metadata,
+                                           cancel=cancel)
+                    verdict = score(task, trajectory.answer, env, judge_obj)
+            except BaseException as exc:  # a crash in one attempt is data, never the end of the run
+                failure = "".join(traceback.format_exception(exc)).strip()
+            record = _record(job, trajectory, verdict, failure, time.monotonic() - started)
+            return record, (trajectory.to_json() if trajectory is not None else None)
 
-        thread = threading.Thread(target=body, name=f"attempt-{job.key.task_id}", daemon=True)
-        running[job.key.id] = _Running(job, thread, cancel, time.monotonic(), live)
-        progress.attempt_started(job.key)
-        thread.start()
+        results: queue.Queue = queue.Queue()
+        running: dict[str, _Running] = {}
+        pending = list(reversed(jobs))
+        ran = 0
+        status_counts = {"ok": 0, "timeout": 0, "error": 0}
+        start = time.monotonic()
 
-    def commit(finished: list[tuple[_Job, AttemptRecord, str | None]]) -> None:
-        nonlocal ran
-        by_method: dict[str, list[tuple[AttemptRecord, str | None]]] = {}
-        for job, record, trajectory_json in finished:
-            by_method.setdefault(job.key.method, []).append((record, trajectory_json))
-        for method, items in by_method.items():
-            for record in stores[method].commit_many(items):
-                ran += 1
-                status_counts[record.status] += 1
-                progress.attempt_finished(record)
+        def launch(job: _Job) -> None:
+            cancel = threading.Event()
+            live: list[Trajectory] = []
 
-    progress.start(len(requested), skipped)
-    try:
-        while pending or running:
-            while pending and len(running) < concurrency:
-                launch(pending.pop())
-            arrived = []
-            try:
-                arrived.append(results.get(timeout=_next_deadline(running, timeout, grace)))
-                while True:
-                    arrived.append(results.get_nowait())
-            except queue.Empty:
-                pass
-            finished = []
-            for key_id, (record, trajectory_json) in arrived:
-                entry = running.pop(key_id, None)
-                if entry is not None:  # None: an abandoned attempt came back late; its key is taken
-                    progress.attempt_returned(entry.job.key)
-                    finished.append((entry.job, record, trajectory_json))
-            # New attempts start before the results are written, so the writes overlap them.
-            while pending and len(running) < concurrency:
-                launch(pending.pop())
-            if timeout is not None:
-                now = time.monotonic()
-                for key_id, entry in list(running.items()):
-                    if now >= entry.started + timeout and not entry.cancel.is_set():
-                        entry.cancel.set()
-                    if now >= entry.started + timeout + grace:
-                        running.pop(key_id)
-                        record, trajectory_json = _abandoned(entry, now - entry.started, timeout)
+            def body() -> None:
+                try:
+                    outcome = attempt(job, cancel, live)
+                except BaseException as exc:  # _record itself failed: still report the attempt
+                    outcome = (_record(job, None, None, "".join(traceback.format_exception(exc)).strip(), 0.0), None)
+                results.put((job.key.id, outcome))
+
+            thread = threading.Thread(target=body, name=f"attempt-{job.key.task_id}", daemon=True)
+            running[job.key.id] = _Running(job, thread, cancel, time.monotonic(), live)
+            progress.attempt_started(job.key)
+            thread.start()
+
+        def commit(finished: list[tuple[_Job, AttemptRecord, str | None]]) -> None:
+            nonlocal ran
+            by_method: dict[str, list[tuple[AttemptRecord, str | None]]] = {}
+            for job, record, trajectory_json in finished:
+                by_method.setdefault(job.key.method, []).append((record, trajectory_json))
+            for method, items in by_method.items():
+                for record in stores[method].commit_many(items):
+                    ran += 1
+                    status_counts[record.status] += 1
+                    progress.attempt_finished(record)
+
+        progress.start(len(requested), skipped)
+        try:
+            while pending or running:
+                while pending and len(running) < concurrency:
+                    launch(pending.pop())
+                arrived = []
+                try:
+                    arrived.append(results.get(timeout=_next_deadline(running, timeout, grace)))
+                    while True:
+                        arrived.append(results.get_nowait())
+                except queue.Empty:
+                    pass
+                finished = []
+                for key_id, (record, trajectory_json) in arrived:
+                    entry = running.pop(key_id, None)
+                    if entry is not None:  # None: an abandoned attempt came back late; its key is taken
+                        progress.attempt_returned(entry.job.key)
                         finished.append((entry.job, record, trajectory_json))
-            if finished:
-                commit(finished)
-    except BaseException:
-        for entry in running.values():
-            entry.cancel.set()
-        raise
-    finally:
-        progress.close()
-        for store in stores.values():
-            store.close()
-        if own_pool is not None and hasattr(own_pool, "close"):
-            own_pool.close()
+                # New attempts start before the results are written, so the writes overlap them.
+                while pending and len(running) < concurrency:
+                    launch(pending.pop())
+                if timeout is not None:
+                    now = time.monotonic()
+                    for key_id, entry in list(running.items()):
+                        if now >= entry.started + timeout and not entry.cancel.is_set():
+                            entry.cancel.set()
+                        if now >= entry.started + timeout + grace:
+                            running.pop(key_id)
+                            record, trajectory_json = _abandoned(entry, now - entry.started, timeout)
+                            finished.append((entry.job, record, trajectory_json))
+                if finished:
+                    commit(finished)
+        except BaseException:
+            for entry in running.values():
+                entry.cancel.set()
+            raise
+        finally:
+            progress.close()
+            for store in stores.values():
+                store.close()
+            if own_pool is not None and hasattr(own_pool, "close"):
+                own_pool.close()
 
-    wanted = {k.id for k in requested}
-    records = [r for m in methods for r in stores[m].records.values() if r.key.id in wanted]
-    table = aggregate(records, methods, list(tasks))
-    return RunSummary(out=out, attempts=len(requested), skipped=skipped, ran=ran, status=status_counts,
-                      table=table, records=records, wall_time=time.monotonic() - start)
+        wanted = {k.id for k in requested}
+        records = [r for m in methods for r in stores[m].records.values() if r.key.id in wanted]
+        table = aggregate(records, methods, list(tasks))
+        return RunSummary(out=out, attempts=len(requested), skipped=skipped, ran=ran, status=status_counts,
+                          table=table, records=records, wall_time=time.monotonic() - start)
+    finally:
+        lock.close()
+
+
+def _single_writer(out: Path):
+    """Hold an exclusive lock on the output folder for the run: two runners appending to the
+    same files could both run a key. The lock dies with the process, so a killed run never
+    leaves it behind."""
+    handle = open(out / ".lock", "a+")
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - no advisory locks on this platform
+        return handle
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise RunInProgress(f"another `toolself eval` is writing to {out}; wait for it or use another --out") from None
+    return handle
+
+
+def _clear_stale_workspaces(folder: Path) -> None:
+    """Workspaces left by attempts that were in flight when an earlier run was killed (under the
+    lock no attempt of this folder is running)."""
+    if folder.is_dir():
+        for child in folder.iterdir():
+            if child.is_dir():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
 
 
 def _missing(stores: dict[str, MethodStore], datasets: dict[str, list[Any]], methods: Sequence[str],
