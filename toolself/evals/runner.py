@@ -95,7 +95,6 @@ class _Job:
 @dataclass
 class _Running:
     job: _Job
-    thread: threading.Thread
     cancel: threading.Event
     started: float
     live: list[Trajectory] = field(default_factory=list)
@@ -213,7 +212,6 @@ def run_eval(
     grace: seconds after the timeout before an attempt that has not returned is abandoned
     (default: a quarter of the timeout, at least 5 s).
     """
-    from toolself.evals.scorers import score
     from toolself.variants import settings_for
 
     if concurrency < 1:
@@ -274,99 +272,11 @@ def run_eval(
         elif progress is False:
             progress = EvalProgress(live=False, every=10**9)
             progress.console.quiet = True
-
-        workspaces = out / "workspaces"
-
-        def attempt(job: _Job, cancel: threading.Event, live: list[Trajectory]) -> tuple[AttemptRecord, str | None]:
-            started = time.monotonic()
-            task = job.task
-            trajectory: Trajectory | None = None
-            verdict = None
-            failure: str | None = None
-            try:
-                policy = policy_for(task)
-                with task.environment(root=workspaces, model=policy) as env:
-                    agent = Agent(policy, pool, job.settings, config_model=writer, observer=_Capture(live))
-                    metadata = {"attempt": job.key.to_dict(), "family": task.family, "split": task.split,
-                                "reference": task.answer}
-                    trajectory = agent.run(task.question, ctx=env.context, task_id=task.id, metadata=metadata,
-                                           cancel=cancel)
-                    verdict = score(task, trajectory.answer, env, judge_obj)
-            except BaseException as exc:  # a crash in one attempt is data, never the end of the run
-                failure = "".join(traceback.format_exception(exc)).strip()
-            record = _record(job, trajectory, verdict, failure, time.monotonic() - started)
-            return record, (trajectory.to_json() if trajectory is not None else None)
-
-        results: queue.Queue = queue.Queue()
-        running: dict[str, _Running] = {}
-        pending = list(reversed(jobs))
-        ran = 0
-        status_counts = {"ok": 0, "timeout": 0, "error": 0}
-        start = time.monotonic()
-
-        def launch(job: _Job) -> None:
-            cancel = threading.Event()
-            live: list[Trajectory] = []
-
-            def body() -> None:
-                try:
-                    outcome = attempt(job, cancel, live)
-                except BaseException as exc:  # _record itself failed: still report the attempt
-                    outcome = (_record(job, None, None, "".join(traceback.format_exception(exc)).strip(), 0.0), None)
-                results.put((job.key.id, outcome))
-
-            thread = threading.Thread(target=body, name=f"attempt-{job.key.task_id}", daemon=True)
-            running[job.key.id] = _Running(job, thread, cancel, time.monotonic(), live)
-            progress.attempt_started(job.key)
-            thread.start()
-
-        def commit(finished: list[tuple[_Job, AttemptRecord, str | None]]) -> None:
-            nonlocal ran
-            by_method: dict[str, list[tuple[AttemptRecord, str | None]]] = {}
-            for job, record, trajectory_json in finished:
-                by_method.setdefault(job.key.method, []).append((record, trajectory_json))
-            for method, items in by_method.items():
-                for record in stores[method].commit_many(items):
-                    ran += 1
-                    status_counts[record.status] += 1
-                    progress.attempt_finished(record)
-
+        env = _AttemptEnv(policy_for, pool, writer, judge_obj, out / "workspaces")  # type: ignore[arg-type]
+        scheduler = _Scheduler(env, stores, progress, concurrency, timeout, grace)
         progress.start(len(requested), skipped)
         try:
-            while pending or running:
-                while pending and len(running) < concurrency:
-                    launch(pending.pop())
-                arrived = []
-                try:
-                    arrived.append(results.get(timeout=_next_deadline(running, timeout, grace)))
-                    while True:
-                        arrived.append(results.get_nowait())
-                except queue.Empty:
-                    pass
-                finished = []
-                for key_id, (record, trajectory_json) in arrived:
-                    entry = running.pop(key_id, None)
-                    if entry is not None:  # None: an abandoned attempt came back late; its key is taken
-                        progress.attempt_returned(entry.job.key)
-                        finished.append((entry.job, record, trajectory_json))
-                # New attempts start before the results are written, so the writes overlap them.
-                while pending and len(running) < concurrency:
-                    launch(pending.pop())
-                if timeout is not None:
-                    now = time.monotonic()
-                    for key_id, entry in list(running.items()):
-                        if now >= entry.started + timeout and not entry.cancel.is_set():
-                            entry.cancel.set()
-                        if now >= entry.started + timeout + grace:
-                            running.pop(key_id)
-                            record, trajectory_json = _abandoned(entry, now - entry.started, timeout)
-                            finished.append((entry.job, record, trajectory_json))
-                if finished:
-                    commit(finished)
-        except BaseException:
-            for entry in running.values():
-                entry.cancel.set()
-            raise
+            scheduler.run(jobs)
         finally:
             progress.close()
             for store in stores.values():
@@ -377,10 +287,144 @@ def run_eval(
         wanted = {k.id for k in requested}
         records = [r for m in methods for r in stores[m].records.values() if r.key.id in wanted]
         table = aggregate(records, methods, list(tasks))
-        return RunSummary(out=out, attempts=len(requested), skipped=skipped, ran=ran, status=status_counts,
-                          table=table, records=records, wall_time=time.monotonic() - start)
+        return RunSummary(out=out, attempts=len(requested), skipped=skipped, ran=scheduler.ran,
+                          status=scheduler.status, table=table, records=records, wall_time=scheduler.wall_time)
     finally:
         lock.close()
+
+
+@dataclass
+class _AttemptEnv:
+    """What every attempt of a run shares."""
+
+    policy_for: Callable[[Any], Any]
+    pool: Any
+    writer: Any
+    judge: Any
+    workspaces: Path
+
+
+def _run_attempt(env: _AttemptEnv, job: _Job, cancel: threading.Event,
+                 live: list[Trajectory]) -> tuple[AttemptRecord, str | None]:
+    """One attempt in its own environment, scored before the environment closes (code tasks
+    run their tests in the workspace). Never raises: a crash is an `error` record."""
+    from toolself.evals.scorers import score
+
+    started = time.monotonic()
+    task = job.task
+    trajectory: Trajectory | None = None
+    verdict = None
+    failure: str | None = None
+    try:
+        policy = env.policy_for(task)
+        with task.environment(root=env.workspaces, model=policy) as environment:
+            agent = Agent(policy, env.pool, job.settings, config_model=env.writer, observer=_Capture(live))
+            metadata = {"attempt": job.key.to_dict(), "family": task.family, "split": task.split,
+                        "reference": task.answer}
+            trajectory = agent.run(task.question, ctx=environment.context, task_id=task.id, metadata=metadata,
+                                   cancel=cancel)
+            verdict = score(task, trajectory.answer, environment, env.judge)
+    except BaseException as exc:  # a crash in one attempt is data, never the end of the run
+        failure = "".join(traceback.format_exception(exc)).strip()
+    try:
+        record = _record(job, trajectory, verdict, failure, time.monotonic() - started)
+        return record, (trajectory.to_json() if trajectory is not None else None)
+    except BaseException as exc:
+        return _record(job, None, None, "".join(traceback.format_exception(exc)).strip(), 0.0), None
+
+
+class _Scheduler:
+    """Keeps `concurrency` attempts in flight, each in a thread; the watchdog and the only
+    writer run in the calling thread."""
+
+    def __init__(self, env: _AttemptEnv, stores: dict[str, MethodStore], progress: EvalProgress,
+                 concurrency: int, timeout: float | None, grace: float):
+        self.env = env
+        self.stores = stores
+        self.progress = progress
+        self.concurrency = concurrency
+        self.timeout = timeout
+        self.grace = grace
+        self.results: queue.Queue = queue.Queue()
+        self.running: dict[str, _Running] = {}
+        self.ran = 0
+        self.status = {"ok": 0, "timeout": 0, "error": 0}
+        self.wall_time = 0.0
+
+    def run(self, jobs: list[_Job]) -> None:
+        started = time.monotonic()
+        pending = list(reversed(jobs))
+        try:
+            while pending or self.running:
+                self.fill(pending)
+                finished = self.collect()
+                # New attempts start before the results are written, so the writes overlap them.
+                self.fill(pending)
+                finished += self.watchdog()
+                if finished:
+                    self.commit(finished)
+        except BaseException:
+            for entry in self.running.values():
+                entry.cancel.set()
+            raise
+        finally:
+            self.wall_time = time.monotonic() - started
+
+    def fill(self, pending: list[_Job]) -> None:
+        while pending and len(self.running) < self.concurrency:
+            self.launch(pending.pop())
+
+    def launch(self, job: _Job) -> None:
+        entry = _Running(job, threading.Event(), time.monotonic())
+
+        def body() -> None:
+            self.results.put((job.key.id, _run_attempt(self.env, job, entry.cancel, entry.live)))
+
+        self.running[job.key.id] = entry
+        self.progress.attempt_started(job.key)
+        threading.Thread(target=body, name=f"attempt-{job.key.task_id}", daemon=True).start()
+
+    def collect(self) -> list[tuple[_Job, AttemptRecord, str | None]]:
+        """Wait for results (or the next deadline), then take every result that is there."""
+        arrived = []
+        try:
+            arrived.append(self.results.get(timeout=_next_deadline(self.running, self.timeout, self.grace)))
+            while True:
+                arrived.append(self.results.get_nowait())
+        except queue.Empty:
+            pass
+        finished = []
+        for key_id, (record, trajectory_json) in arrived:
+            entry = self.running.pop(key_id, None)
+            if entry is not None:  # None: an abandoned attempt came back late; its key is taken
+                self.progress.attempt_returned(entry.job.key)
+                finished.append((entry.job, record, trajectory_json))
+        return finished
+
+    def watchdog(self) -> list[tuple[_Job, AttemptRecord, str | None]]:
+        """Cancel attempts at their limit; give up on those still running after the grace."""
+        if self.timeout is None:
+            return []
+        now = time.monotonic()
+        finished = []
+        for key_id, entry in list(self.running.items()):
+            if now >= entry.started + self.timeout and not entry.cancel.is_set():
+                entry.cancel.set()
+            if now >= entry.started + self.timeout + self.grace:
+                del self.running[key_id]
+                record, trajectory_json = _abandoned(entry, now - entry.started, self.timeout)
+                finished.append((entry.job, record, trajectory_json))
+        return finished
+
+    def commit(self, finished: list[tuple[_Job, AttemptRecord, str | None]]) -> None:
+        by_method: dict[str, list[tuple[AttemptRecord, str | None]]] = {}
+        for job, record, trajectory_json in finished:
+            by_method.setdefault(job.key.method, []).append((record, trajectory_json))
+        for method, items in by_method.items():
+            for record in self.stores[method].commit_many(items):
+                self.ran += 1
+                self.status[record.status] += 1
+                self.progress.attempt_finished(record)
 
 
 def _single_writer(out: Path):
