@@ -153,6 +153,18 @@ def test_concurrent_requests_decode_together_and_match_sequential_ones(model):
 
 
 @pytest.mark.slow
+def test_sampling_with_a_seed_is_reproducible(model):
+    replies = []
+    for _ in range(2):
+        sampler = local.EmbeddedModel(model.model, model.tokenizer, temperature=0.9, top_p=0.95, seed=7, threads=0)
+        try:
+            replies.append(sampler.complete(episode(), tools=SCHEMAS, session="s", max_tokens=24).completion_token_ids)
+        finally:
+            sampler.close()
+    assert replies[0] == replies[1]
+
+
+@pytest.mark.slow
 def test_running_out_of_tokens_mid_call_returns_what_was_written(model):
     completion = model.complete(episode(), tools=SCHEMAS, max_tokens=12)
     assert completion.finish_reason == "length"
@@ -231,3 +243,5 @@ def test_batch_rows_keep_their_caches_while_others_join_and_leave():
         for (k, v), (k0, v0) in zip(batch.row_kv(i), original):
             assert torch.equal(k, k0) and torch.equal(v, v0)
         assert int(batch.mask[i].sum()) == lengths[int(s.store_key)]
+        padding = batch.width - lengths[int(s.store_key)]
+        assert all(not layer.kbuf[i, :, :padding].any() for layer in batch.layers), "padding holds zeros"

@@ -242,6 +242,10 @@ class _Batch:
             return
         i = len(self.rows)
         for layer, (k, v) in zip(self.layers, seq.kv):
+            # Masked columns still meet the values in the attention sum (weight 0): they must
+            # hold numbers, never the NaN an uninitialised buffer may contain.
+            layer.kbuf[i, :, : self.width - n] = 0
+            layer.vbuf[i, :, : self.width - n] = 0
             layer.kbuf[i, :, self.width - n : self.width] = k[0]
             layer.vbuf[i, :, self.width - n : self.width] = v[0]
         self.mask[i].zero_()
@@ -256,6 +260,8 @@ class _Batch:
         if i != last:
             start = self.width - len(self.rows[last].fed)
             for layer in self.layers:
+                layer.kbuf[i, :, :start] = 0
+                layer.vbuf[i, :, :start] = 0
                 layer.kbuf[i, :, start : self.width] = layer.kbuf[last, :, start : self.width]
                 layer.vbuf[i, :, start : self.width] = layer.vbuf[last, :, start : self.width]
             self.mask[i] = self.mask[last]
@@ -287,6 +293,8 @@ class _Batch:
             vbuf = torch.empty(self.max_rows, heads, capacity, v0.shape[3], dtype=v0.dtype)
             for i, (s, kv) in enumerate(sources):
                 n = len(s.fed)
+                kbuf[i, :, : width - n] = 0
+                vbuf[i, :, : width - n] = 0
                 kbuf[i, :, width - n : width] = kv[li][0][0]
                 vbuf[i, :, width - n : width] = kv[li][1][0]
             self.layers.append(_RowLayer(kbuf, vbuf))

