@@ -166,3 +166,11 @@ def test_the_commands_fail_with_a_message_for_an_unknown_method_or_a_missing_fol
     assert result.exit_code == 2 and "unknown method 'nonesuch'" in result.output
     result = CliRunner().invoke(app, ["report", str(tmp_path / "nowhere")])
     assert result.exit_code == 2 and "no eval output folder" in result.output
+
+
+def test_a_report_of_a_run_still_being_written_ignores_its_torn_last_line(tmp_path):
+    run = write_run(tmp_path / "run", [rec("a", True), rec("b", False)])
+    with open(run / "m" / "results.jsonl", "a") as f:
+        f.write(rec("c", True).to_json()[:40])
+    files = write_report([run])
+    assert files.table.cell("m", "builtin:research").attempts == 2
