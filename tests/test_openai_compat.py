@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 import time
 from typing import Any, Awaitable, Callable
 
@@ -135,8 +136,16 @@ def test_reasoning_content_field_goes_to_reasoning_and_is_not_sent_back():
 
 
 def test_acomplete_requests_run_concurrently():
+    lock = threading.Lock()
+    in_flight = [0, 0]  # now, peak
+
     def slow(messages, tools):
+        with lock:
+            in_flight[0] += 1
+            in_flight[1] = max(in_flight[1], in_flight[0])
         time.sleep(0.3)
+        with lock:
+            in_flight[0] -= 1
         return "ok"
 
     scripted = ScriptedModel([], default=slow)
@@ -148,12 +157,9 @@ def test_acomplete_requests_run_concurrently():
             await model.aclose()
 
     with serving(scripted) as url:
-        model = fast_client(url)
-        start = time.perf_counter()
-        results = asyncio.run(four(model))
-        elapsed = time.perf_counter() - start
+        results = asyncio.run(four(fast_client(url)))
     assert [r.text for r in results] == ["ok"] * 4
-    assert elapsed < 1.0, f"four 0.3 s calls took {elapsed:.2f} s: they did not overlap"
+    assert in_flight[1] == 4, f"only {in_flight[1]} of four calls overlapped"
 
 
 async def complete_once(model: OpenAIModel, messages: list[Message]):
@@ -228,7 +234,7 @@ def test_timeout_is_retried_until_the_server_recovers():
         elapsed = time.perf_counter() - start
     assert completion.text == "recovered"
     assert len(app.state.requests) == 2
-    assert elapsed < 1.5
+    assert elapsed < 2.5, "the client waited for the hung server instead of timing out"
 
 
 def test_rate_limit_waits_as_long_as_retry_after_says():

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -176,17 +177,22 @@ def test_concurrent_requests_reach_the_model_concurrently():
         return [r.status_code for r in responses]
 
     with serving(SlowAsyncModel()) as url:
-        start = time.perf_counter()
         codes = asyncio.run(burst(url))
-        elapsed = time.perf_counter() - start
     assert codes == [200] * 6
     assert SlowAsyncModel.peak == 6
-    assert elapsed < 1.2
 
 
 def test_concurrent_requests_to_a_blocking_model_overlap_beyond_the_cpu_count():
+    lock = threading.Lock()
+    in_flight = [0, 0]  # now, peak
+
     def slow(messages, tools):
+        with lock:
+            in_flight[0] += 1
+            in_flight[1] = max(in_flight[1], in_flight[0])
         time.sleep(0.3)
+        with lock:
+            in_flight[0] -= 1
         return "ok"
 
     async def burst(url: str) -> list[int]:
@@ -196,11 +202,10 @@ def test_concurrent_requests_to_a_blocking_model_overlap_beyond_the_cpu_count():
         return [r.status_code for r in responses]
 
     with serving(ScriptedModel([], default=slow)) as url:
-        start = time.perf_counter()
         codes = asyncio.run(burst(url))
-        elapsed = time.perf_counter() - start
     assert codes == [200] * 24
-    assert elapsed < 1.0, f"24 blocking 0.3 s calls took {elapsed:.2f} s (6 threads would need 1.2 s)"
+    # asyncio's default executor has min(32, cpus + 4) = 6 threads on 2 cores.
+    assert in_flight[1] > 6, f"at most {in_flight[1]} blocking calls overlapped"
 
 
 def test_streaming_is_read_by_the_openai_sdk():
@@ -230,7 +235,8 @@ def test_loopback_fixture_answers_keep_alive_requests_without_delayed_acks():
         for _ in range(20):
             client.get(url + "/models")
         elapsed = time.perf_counter() - start
-    assert elapsed < 0.4, f"20 keep-alive requests took {elapsed:.2f} s"
+    # With Nagle's algorithm on, each keep-alive request waits ~40 ms for a delayed ACK (0.8 s).
+    assert elapsed < 0.7, f"20 keep-alive requests took {elapsed:.2f} s"
 
 
 @pytest.mark.slow  # a fresh interpreter importing openai and starlette: 2-6 s on 2 busy cores
