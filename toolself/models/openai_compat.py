@@ -19,6 +19,7 @@ import json
 import os
 import random
 import re
+import threading
 import time
 import urllib.parse
 import weakref
@@ -191,6 +192,7 @@ class OpenAIModel:
         self.max_tokens_field = "max_tokens"
         self._client: openai.OpenAI | None = None
         # An async HTTP client belongs to the event loop it was first used on.
+        self._client_lock = threading.Lock()
         self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = (
             weakref.WeakKeyDictionary())
 
@@ -266,8 +268,11 @@ class OpenAIModel:
         return {"api_key": self.api_key, "base_url": self.base_url, "timeout": self.timeout, "max_retries": 0}
 
     def _sync_client(self) -> openai.OpenAI:
+        # Threads racing on the first call would each build a client (and load the CA store).
         if self._client is None:
-            self._client = openai.OpenAI(**self._client_options())
+            with self._client_lock:
+                if self._client is None:
+                    self._client = openai.OpenAI(**self._client_options())
         return self._client
 
     def _async_client(self) -> openai.AsyncOpenAI:
