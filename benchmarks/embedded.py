@@ -24,6 +24,8 @@ import tempfile
 import threading
 import time
 
+THREADS = 1  # torch threads of each engine thread, set from --threads
+
 TOOLS = [
     {"type": "function", "function": {
         "name": "search", "description": "Search the document collection; returns ranked results.",
@@ -83,8 +85,8 @@ def _observe(messages, completion, text: str, step: int):
 def bench_kv_reuse(model_cls, weights, observations, target_tokens: int, max_tokens: int) -> dict:
     """Grow one episode to ~target_tokens, timing each step with and without the cache."""
     model, tokenizer = weights
-    reuse = model_cls(model, tokenizer, max_batch=1, threads=0)
-    fresh = model_cls(model, tokenizer, max_batch=1, cache_entries=0, threads=0)
+    reuse = model_cls(model, tokenizer, max_batch=1, threads=THREADS)
+    fresh = model_cls(model, tokenizer, max_batch=1, cache_entries=0, threads=THREADS)
     messages = _episode_messages(TASKS[0])
     rows = []
     step = 0
@@ -132,7 +134,7 @@ def bench_kv_reuse(model_cls, weights, observations, target_tokens: int, max_tok
 def bench_throughput(model_cls, weights, observations, episodes: int, steps: int, max_tokens: int) -> dict:
     """`episodes` threads each run `steps` tool-call turns; tokens generated per wall second."""
     model, tokenizer = weights
-    engine_model = model_cls(model, tokenizer, max_batch=max(episodes, 1), threads=0)
+    engine_model = model_cls(model, tokenizer, max_batch=max(episodes, 1), threads=THREADS)
     # Warm the grammar cache and the kernels so that both runs measure decoding only.
     engine_model.complete(_episode_messages(TASKS[0]), tools=TOOLS, max_tokens=4)
     engine_model.engine.stats = {k: 0 if isinstance(v, int) else 0.0 for k, v in engine_model.engine.stats.items()}
@@ -187,13 +189,12 @@ def main() -> None:
     parser.add_argument("--parts", default="reuse,throughput", help="comma-separated: reuse, throughput")
     args = parser.parse_args()
 
-    import torch
-
     from toolself.models import local
 
-    torch.set_num_threads(args.threads or local.default_threads())
+    global THREADS
+    THREADS = args.threads or local.default_threads()
 
-    out: dict = {"torch_threads": torch.get_num_threads(), "cpus": len(os.sched_getaffinity(0)),
+    out: dict = {"torch_threads_per_engine_thread": THREADS, "cpus": len(os.sched_getaffinity(0)),
                  "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
     if args.fresh_cache:
         previous = os.environ.get("TOOLSELF_CACHE")
@@ -211,7 +212,7 @@ def main() -> None:
     out["load_s"] = round(time.perf_counter() - start, 2)
     out["dtype"] = str(model.dtype).removeprefix("torch.")
     start = time.perf_counter()
-    local.EmbeddedModel(model, tokenizer, threads=0).close()
+    local.EmbeddedModel(model, tokenizer, threads=THREADS).close()
     out["grammar_setup_s"] = round(time.perf_counter() - start, 2)
 
     observations = _observations()

@@ -321,8 +321,9 @@ class Engine:
     decode, the next observation of a ninth is already being read."""
 
     def __init__(self, model: Any, *, stop_token_ids: list[int], vocab_size: int, max_batch: int = 8,
-                 cache_entries: int = 16, cache_tokens: int = 65536):
+                 cache_entries: int = 16, cache_tokens: int = 65536, threads: int = 0):
         self.model = model
+        self.threads = threads  # torch threads in each engine thread; 0 keeps torch's default
         if getattr(model, "dtype", KV_DTYPE) != KV_DTYPE:
             use_engine_attention(model)
         self.stop_token_ids = set(stop_token_ids)
@@ -373,7 +374,14 @@ class Engine:
 
     # The prefill thread.
 
+    def _use_threads(self) -> None:
+        # Torch's thread count is per calling thread (an OpenMP setting), so this leaves the
+        # rest of the process, a trainer for instance, with its own.
+        if self.threads > 0:
+            torch.set_num_threads(self.threads)
+
     def _prefill_loop(self) -> None:
+        self._use_threads()
         with torch.inference_mode():
             while True:
                 with self._cond:
@@ -404,6 +412,7 @@ class Engine:
     # The decode thread.
 
     def _decode_loop(self) -> None:
+        self._use_threads()
         batch = _Batch(self.num_layers, self.max_batch)
         bitmask = None
         with torch.inference_mode():

@@ -158,15 +158,15 @@ def load_weights(path: str | os.PathLike | None = None, dtype: str = "auto"):
 
 
 def default_threads() -> int:
-    """Torch threads for the engine: all cores but one, at most eight. The spare core keeps
-    tools, tokenization and the agent loops responsive, and on a small shared machine a
-    parallel region waiting for a descheduled thread costs more than the second thread gains
-    (measured here on 2 cores: a decode step took 67 ms on one thread, 80-700 ms on two)."""
+    """Torch threads for each engine thread: half the cores, at most eight. The prefill and
+    the decode thread then each have their own cores, and on a small shared machine a parallel
+    region waiting for a descheduled thread costs more than a second thread gains (measured
+    here on 2 busy cores: a decode step took 67 ms on one thread, 80-700 ms on two)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count() or 1
-    return max(1, min(8, cores - 1))
+    return max(1, min(8, cores // 2))
 
 
 def default_dtype() -> str:
@@ -213,16 +213,12 @@ class EmbeddedModel:
                  top_p: float = 1.0, seed: int = 0, max_batch: int = 8, max_tokens: int = DEFAULT_MAX_TOKENS,
                  max_string: int | None = None, cache_entries: int = 16, cache_tokens: int = 65536,
                  threads: int | None = None):
-        """`threads`: torch threads (process-wide); None picks `default_threads()`, 0 leaves
-        torch's setting alone."""
-        import torch
-
+        """`threads`: torch threads of the engine's own two threads (the rest of the process
+        keeps its setting); None picks `default_threads()`, 0 leaves torch's default."""
         from toolself.models.engine import Engine
         from toolself.models.grammar import DEFAULT_MAX_STRING, GrammarCache
 
         threads = default_threads() if threads is None else threads
-        if threads > 0:
-            torch.set_num_threads(threads)
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
@@ -236,7 +232,7 @@ class EmbeddedModel:
         self.grammars = GrammarCache(tokenizer, vocab_size, max_string=max_string or DEFAULT_MAX_STRING,
                                      stop_token_ids=stop_ids[:1])
         self.engine = Engine(model, stop_token_ids=stop_ids, vocab_size=vocab_size, max_batch=max_batch,
-                             cache_entries=cache_entries, cache_tokens=cache_tokens)
+                             cache_entries=cache_entries, cache_tokens=cache_tokens, threads=threads)
 
     @classmethod
     def load(cls, path: str | None = None, *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
