@@ -203,6 +203,7 @@ def run_eval(
     model_options: dict[str, Any] | None = None,
     progress: EvalProgress | bool | None = None,
     loader: Callable[..., list[Any]] | None = None,
+    backend: Any = "local",
 ) -> RunSummary:
     """Run every missing attempt and return the summary over all of the requested ones.
 
@@ -210,8 +211,11 @@ def run_eval(
     `toolself methods`; model: a spec (`embedded`, `openai:NAME@URL`, `expert` for the built-in
     suites' per-task teacher) or a ChatModel; settings: AgentSettings overrides (budgets);
     grace: seconds after the timeout before an attempt that has not returned is abandoned
-    (default: a quarter of the timeout, at least 5 s).
+    (default: a quarter of the timeout, at least 5 s); backend: where attempts execute,
+    `local` (threads in this process), `ray`, `ray:ADDRESS` or a Backend (see `backends`).
     """
+    from toolself.evals.backends import AttemptModels, make_backend
+
     from toolself.variants import settings_for
 
     if concurrency < 1:
@@ -253,12 +257,13 @@ def run_eval(
         _clear_stale_workspaces(out / "workspaces")
 
         stores = {m: MethodStore.open(out / safe_name(m)) for m in methods}
+        executor = None
         try:
             jobs = _missing(stores, datasets, methods, method_settings, repeats)
             # Models load only when something is left to run: a finished run reports at once.
-            policy_for, writer, judge_obj = _models(model, config_model, judge, model_options) if jobs else (None,) * 3
-            own_pool = default_pool() if pool is None and jobs else None  # closed at the end (MCP connections)
-            pool = pool if pool is not None else own_pool
+            if jobs:
+                models = AttemptModels(model, config_model, judge, dict(model_options or {}))
+                executor = make_backend(backend).open(models, pool, out / "workspaces", grace)
         except BaseException:
             for store in stores.values():
                 store.close()
@@ -272,8 +277,7 @@ def run_eval(
         elif progress is False:
             progress = EvalProgress(live=False, every=10**9)
             progress.console.quiet = True
-        env = _AttemptEnv(policy_for, pool, writer, judge_obj, out / "workspaces")  # type: ignore[arg-type]
-        scheduler = _Scheduler(env, stores, progress, concurrency, timeout, grace)
+        scheduler = _Scheduler(executor.execute if executor else None, stores, progress, concurrency, timeout, grace)
         progress.start(len(requested), skipped)
         try:
             scheduler.run(jobs)
@@ -281,8 +285,8 @@ def run_eval(
             progress.close()
             for store in stores.values():
                 store.close()
-            if own_pool is not None and hasattr(own_pool, "close"):
-                own_pool.close()
+            if executor is not None:
+                executor.close()
 
         wanted = {k.id for k in requested}
         records = [r for m in methods for r in stores[m].records.values() if r.key.id in wanted]
@@ -333,13 +337,17 @@ def _run_attempt(env: _AttemptEnv, job: _Job, cancel: threading.Event,
         return _record(job, None, None, "".join(traceback.format_exception(exc)).strip(), 0.0), None
 
 
+Execute = Callable[[_Job, threading.Event, list[Trajectory]], tuple[AttemptRecord, str | None]]
+
+
 class _Scheduler:
     """Keeps `concurrency` attempts in flight, each in a thread; the watchdog and the only
-    writer run in the calling thread."""
+    writer run in the calling thread. `execute` runs one attempt where the backend puts it
+    (in the thread itself, or on a Ray worker the thread waits for)."""
 
-    def __init__(self, env: _AttemptEnv, stores: dict[str, MethodStore], progress: EvalProgress,
+    def __init__(self, execute: Execute | None, stores: dict[str, MethodStore], progress: EvalProgress,
                  concurrency: int, timeout: float | None, grace: float):
-        self.env = env
+        self.execute = execute
         self.stores = stores
         self.progress = progress
         self.concurrency = concurrency
@@ -378,7 +386,8 @@ class _Scheduler:
         entry = _Running(job, threading.Event(), time.monotonic())
 
         def body() -> None:
-            self.results.put((job.key.id, _run_attempt(self.env, job, entry.cancel, entry.live)))
+            assert self.execute is not None
+            self.results.put((job.key.id, self.execute(job, entry.cancel, entry.live)))
 
         self.running[job.key.id] = entry
         self.progress.attempt_started(job.key)

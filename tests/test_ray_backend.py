@@ -1,0 +1,169 @@
+"""The Ray backend: the same runner, its attempts executed as Ray tasks on a local cluster.
+
+The model is a scripted policy served over loopback HTTP, so that driver and workers (separate
+processes) talk to the same deterministic model through its spec.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'toolself[ray]')")
+
+from toolself.evals.backends import RayBackend  # noqa: E402
+from toolself.evals.records import read_records, safe_name  # noqa: E402
+from toolself.evals.runner import run_eval  # noqa: E402
+from toolself.models.base import Message  # noqa: E402
+from toolself.models.scripted import ScriptedModel, call  # noqa: E402
+from toolself.tools.base import ToolPool, tool  # noqa: E402
+
+from http_fixtures import serving  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+# The workers cannot import this test module: its tools travel by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+CONFIG = json.dumps({"subgoal": "double the number", "strategy": "Use lookup, then answer.", "toolbox": ["lookup"],
+                     "knowledge": "none", "context_mode": "basic"})
+VOLATILE = {"wall_time", "finished_at", "trajectory_id"}
+
+
+@tool
+def lookup(key: str) -> str:
+    """Look a number up.
+
+    Args:
+        key: The number, as text.
+    """
+    return f"double of {key} is {2 * int(key)}"
+
+
+POOL = ToolPool([lookup])
+
+
+def number_in(messages: list[Message]) -> int:
+    question = next(m.content for m in messages if "Double" in m.content)
+    return int(question.split("Double ")[1].split()[0].strip("?."))
+
+
+def policy(messages, tools, delay: float = 0.0):
+    """Configure, look the number up, then answer: right for even numbers, off by one for odd."""
+    time.sleep(delay)
+    if not tools:
+        return CONFIG
+    last = messages[-1]
+    if last.role == "tool" and last.content.startswith("double of"):
+        n = number_in(messages)
+        return call("terminate", answer=str(2 * n if n % 2 == 0 else 2 * n + 1))
+    return call("lookup", key=str(number_in(messages)))
+
+
+def write_tasks(path: Path, n: int) -> str:
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": f"t{i}", "question": f"Double {i}?", "answer": str(2 * i)}) + "\n")
+    return f"jsonl:{path}"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def stable(records) -> list[dict]:
+    return sorted(({k: v for k, v in r.to_dict().items() if k not in VOLATILE} for r in records),
+                  key=lambda d: (d["method"], d["task_id"], d["repeat"]))
+
+
+def test_ray_backend_records_the_same_results_as_local_threads(tmp_path, cluster):
+    spec = write_tasks(tmp_path / "tasks.jsonl", 4)
+    with serving(ScriptedModel([], default=policy)) as url:
+        model = f"openai:scripted@{url}"
+        options = dict(concurrency=4, timeout=60, progress=False, pool=POOL)
+        local = run_eval([spec], ["toolself", "vanilla"], model, tmp_path / "local", **options)
+        remote = run_eval([spec], ["toolself", "vanilla"], model, tmp_path / "ray",
+                          backend=RayBackend(num_cpus=0.5), **options)
+    assert remote.status == local.status == {"ok": 8, "timeout": 0, "error": 0}
+    for method in ("toolself", "vanilla"):
+        assert stable(read_records(tmp_path / "ray" / safe_name(method))) == \
+            stable(read_records(tmp_path / "local" / safe_name(method)))
+    assert stable(remote.records) == stable(local.records)
+    assert {r.task_id for r in remote.records if r.correct} == {"t0", "t2"}
+
+
+def attempt_workers() -> list[int]:
+    """Pids of Ray workers running an attempt now (Ray titles a busy worker `ray::TASK_NAME`)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if cmdline.startswith(b"ray::toolself_attempt"):
+                pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds Ray workers through /proc")
+def test_an_attempt_whose_worker_is_killed_is_rerun_and_recorded_once(tmp_path, cluster):
+    spec = write_tasks(tmp_path / "tasks.jsonl", 6)
+    slow = lambda messages, tools: policy(messages, tools, delay=0.3)  # noqa: E731
+    outcome: dict = {}
+    with serving(ScriptedModel([], default=slow)) as url:
+        def evaluate() -> None:
+            outcome["summary"] = run_eval([spec], ["toolself"], f"openai:scripted@{url}", tmp_path / "out",
+                                          concurrency=2, timeout=60, progress=False, pool=POOL,
+                                          backend=RayBackend(num_cpus=1, max_retries=2))
+
+        thread = threading.Thread(target=evaluate)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not (busy := attempt_workers()):
+            assert time.monotonic() < deadline and thread.is_alive(), "no Ray worker ran an attempt"
+            time.sleep(0.05)
+        os.kill(busy[0], signal.SIGKILL)
+        thread.join(timeout=120)
+    assert not thread.is_alive()
+    lines = (tmp_path / "out" / "toolself" / "results.jsonl").read_text().splitlines()
+    keys = [(json.loads(line)["task_id"], json.loads(line)["repeat"]) for line in lines]
+    assert sorted(keys) == sorted((f"t{i}", 0) for i in range(6))
+    summary = outcome["summary"]
+    assert summary.ran == 6
+    assert summary.status == {"ok": 6, "timeout": 0, "error": 0}  # the lost attempt ran again (max_retries)
+    assert {r.task_id for r in summary.records if r.correct} == {"t0", "t2", "t4"}
+
+
+def test_an_attempt_whose_worker_is_killed_with_no_retries_left_is_an_error_record(tmp_path, cluster):
+    spec = write_tasks(tmp_path / "tasks.jsonl", 3)
+    slow = lambda messages, tools: policy(messages, tools, delay=0.3)  # noqa: E731
+    outcome: dict = {}
+    with serving(ScriptedModel([], default=slow)) as url:
+        def evaluate() -> None:
+            outcome["summary"] = run_eval([spec], ["toolself"], f"openai:scripted@{url}", tmp_path / "out",
+                                          concurrency=1, timeout=60, progress=False, pool=POOL,
+                                          backend=RayBackend(num_cpus=1, max_retries=0))
+
+        thread = threading.Thread(target=evaluate)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not (busy := attempt_workers()):
+            assert time.monotonic() < deadline and thread.is_alive(), "no Ray worker ran an attempt"
+            time.sleep(0.05)
+        os.kill(busy[0], signal.SIGKILL)
+        thread.join(timeout=120)
+    summary = outcome["summary"]
+    assert summary.ran == 3 and summary.status == {"ok": 2, "timeout": 0, "error": 1}
+    lost = next(r for r in summary.records if r.status == "error")
+    assert "WorkerCrashedError" in lost.error or "died" in lost.error
