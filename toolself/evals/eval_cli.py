@@ -26,11 +26,27 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def backend_option(backend: str, address: str | None = None, ray_cpus: float = 1.0):
+    """The runner backend the `--backend`, `--address` and `--ray-cpus` options name (shared by
+    `toolself eval` and the collection steps of `toolself train`)."""
+    from toolself.evals.backends import LocalBackend, RayBackend, import_ray
+
+    if backend == "local":
+        if address is not None:
+            raise ValueError("--address is for --backend ray")
+        return LocalBackend()
+    if backend == "ray":
+        import_ray()  # a clear message before any work when ray is missing
+        return RayBackend(address=address, num_cpus=ray_cpus)
+    raise ValueError(f"unknown backend {backend!r}; expected local or ray")
+
+
 def eval_command(
     tasks: list[str] = typer.Option(..., "--tasks", "-t", help="Dataset specs, comma-separated or repeated: "
                                     "builtin:research, gaia:PATH, frames:PATH, swebench:PATH, jsonl:PATH, ..."),
     methods: list[str] = typer.Option(["toolself"], "--methods", help="Methods, comma-separated (see `toolself methods`), or `all`."),
-    model: str = typer.Option("embedded", "--model", "-m", help="embedded | local:PATH | openai:NAME@URL | expert"),
+    model: str = typer.Option("embedded", "--model", "-m", help="embedded | local:PATH | openai:NAME@URL | expert; "
+                              "several servers of one model: openai:NAME@URL1,URL2 (URL#N: at most N in flight there)"),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder; rerunning the same command resumes it."),
     judge: Optional[str] = typer.Option(None, help="LLM judge for FRAMES / xbench answers: openai:NAME@URL."),
     config_model: Optional[str] = typer.Option(None, help="For `decoupled`: the model that writes configurations."),
@@ -49,6 +65,9 @@ def eval_command(
     temperature: float = typer.Option(0.0, help="Sampling temperature of the policy (0: greedy)."),
     force: bool = typer.Option(False, help="Add to an output folder made under other settings."),
     report: bool = typer.Option(True, help="Write the report into OUT/report when the run ends."),
+    backend: str = typer.Option("local", help="Where attempts run: local (threads here) | ray (Ray tasks)."),
+    address: Optional[str] = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001); default: a local one."),
+    ray_cpus: float = typer.Option(1.0, help="Ray CPUs each attempt holds (fractions let I/O-bound attempts share cores)."),
 ) -> None:
     """Run methods on datasets; resumable, with per-attempt timeouts and a live progress line."""
     from toolself.evals.records import atomic_write_text
@@ -69,10 +88,11 @@ def eval_command(
     elif model.startswith("openai:") and temperature:
         options = {"temperature": temperature}
     try:
+        runner_backend = backend_option(backend, address, ray_cpus)
         summary = run_eval(specs, names, model, out, concurrency=concurrency, timeout=timeout or None, grace=grace,
                            limit=limit, repeats=repeats, judge=judge, freeze=tuple(freeze), config_model=config_model,
                            split=split, seed=seed, force=force, settings=settings,
-                           model_options=options)
+                           model_options=options, backend=runner_backend)
     except (SettingsMismatch, RunInProgress) as exc:
         _fail(str(exc))
     except (ValueError, FileNotFoundError, ImportError) as exc:

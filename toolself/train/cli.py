@@ -132,13 +132,22 @@ def data(
 
 def _collect_or_reuse(tasks: list[str], model: str, run_dir: Path, samples: int, limit: Optional[int],
                       temperature: float, seed: int, concurrency: int, timeout: float,
-                      agent: dict[str, Any]) -> None:
+                      agent: dict[str, Any], backend: Any = "local") -> None:
     from toolself.train.collect import collect
 
     result = collect(tasks, model, run_dir, samples, limit=limit, temperature=temperature, seed=seed,
-                     concurrency=concurrency, timeout=timeout, settings=agent)
+                     concurrency=concurrency, timeout=timeout, settings=agent, backend=backend)
     console.print(f"collected {result.attempts} attempts ({result.correct} correct, {result.errors} errors) "
                   f"in {run_dir}")
+
+
+def _backend(backend: str, address: Optional[str], ray_cpus: float) -> Any:
+    from toolself.evals.eval_cli import backend_option
+
+    try:
+        return backend_option(backend, address, ray_cpus)
+    except (ValueError, ImportError) as exc:
+        _fail(str(exc))
 
 
 def _agent_budgets(student: str, context_budget: Optional[int]) -> dict[str, Any]:
@@ -171,6 +180,9 @@ def rft(
     max_steps: Optional[int] = typer.Option(None), lora_r: Optional[int] = typer.Option(None),
     full_finetune: bool = typer.Option(False, help="Train all weights instead of a LoRA adapter."),
     resume: bool = typer.Option(False, help="Resume training from the last checkpoint in OUT/checkpoints."),
+    backend: str = typer.Option("local", help="Where collection attempts run: local | ray."),
+    address: Optional[str] = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001)."),
+    ray_cpus: float = typer.Option(1.0, help="Ray CPUs each attempt holds."),
 ) -> None:
     """Stage I: K teacher attempts per task, keep the successful ones, fine-tune the student."""
     from toolself.train import data as D
@@ -191,7 +203,7 @@ def rft(
     if specs:
         run_dir = out / "collect"
         _collect_or_reuse(specs, teacher, run_dir, samples, limit, temperature, seed, concurrency, timeout,
-                          _agent_budgets(student, context_budget))
+                          _agent_budgets(student, context_budget), _backend(backend, address, ray_cpus))
         sources.append(run_dir)
     found, schemas = [], None
     for s in sources:
@@ -234,6 +246,9 @@ def kto(
     max_steps: Optional[int] = typer.Option(None), lora_r: Optional[int] = typer.Option(None),
     full_finetune: bool = typer.Option(False),
     resume: bool = typer.Option(False),
+    backend: str = typer.Option("local", help="Where collection attempts run: local | ray."),
+    address: Optional[str] = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001)."),
+    ray_cpus: float = typer.Option(1.0, help="Ray CPUs each attempt holds."),
 ) -> None:
     """Stage II: on-policy attempts labelled by outcome; every decision gets its attempt's label."""
     from toolself.train import data as D
@@ -251,7 +266,7 @@ def kto(
     if specs:
         run_dir = out / "collect"
         _collect_or_reuse(specs, f"local:{policy}", run_dir, samples, limit, temperature, seed, concurrency, timeout,
-                          _agent_budgets(f"local:{policy}", context_budget))
+                          _agent_budgets(f"local:{policy}", context_budget), _backend(backend, address, ray_cpus))
         sources.append(run_dir)
     found, schemas = [], None
     for s in sources:
@@ -299,6 +314,9 @@ def cat_command(
     stop_after: Optional[str] = typer.Option(None, help="Stop after this step (collect_teacher, data_sft, rft, "
                                                         "collect_policy, data_kto, kto, evaluate)."),
     force: bool = typer.Option(False, help="Continue a folder made with other settings."),
+    backend: str = typer.Option("local", help="Where collection attempts run: local | ray."),
+    address: Optional[str] = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001)."),
+    ray_cpus: float = typer.Option(1.0, help="Ray CPUs each attempt holds."),
 ) -> None:
     """CAT end to end: collect -> RFT -> collect -> KTO -> evaluate, resumable step by step."""
     from toolself.train.pipeline import CATSettings, PipelineMismatch, run_cat
@@ -312,7 +330,8 @@ def cat_command(
     except json.JSONDecodeError as exc:
         _fail(f"an --*-options value is not JSON: {exc}")
     try:
-        results = run_cat(settings, out, force=force, stop_after=stop_after, echo=console.print)
+        results = run_cat(settings, out, force=force, stop_after=stop_after, echo=console.print,
+                          backend=_backend(backend, address, ray_cpus))
     except (PipelineMismatch, ValueError, FileNotFoundError) as exc:
         _fail(str(exc))
     if "evaluate" in results:

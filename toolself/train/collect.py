@@ -48,10 +48,10 @@ def model_options(model: str, temperature: float, seed: int) -> dict[str, Any]:
 def collect(tasks: Sequence[str], model: Any, out: str | Path, samples: int, *, split: str = "train",
             limit: int | None = None, temperature: float = 0.7, seed: int = 0, concurrency: int = 4,
             timeout: float | None = 600.0, settings: dict[str, Any] | None = None, pool: Any = None,
-            progress: bool = True) -> CollectResult:
+            progress: bool = True, backend: Any = "local") -> CollectResult:
     """Run `samples` attempts per task with `model` (a spec such as `expert`, `embedded`,
     `local:DIR`, `openai:NAME@URL`, or a ChatModel) into the runner folder `out`; rerunning
-    resumes it."""
+    resumes it. backend: where the attempts run (`local`, `ray`, a runner Backend)."""
     from toolself.evals.runner import default_pool, run_eval
     from toolself.train.data import tool_schemas
 
@@ -62,7 +62,7 @@ def collect(tasks: Sequence[str], model: Any, out: str | Path, samples: int, *, 
     options = model_options(model, temperature, seed) if isinstance(model, str) else {}
     summary = run_eval(list(tasks), [METHOD], model, out, repeats=samples, split=split, limit=limit, seed=seed,
                        concurrency=concurrency, timeout=timeout, settings=settings, pool=pool,
-                       model_options=options, progress=progress)
+                       model_options=options, progress=progress, backend=backend)
     return CollectResult(run_dir=str(out), attempts=summary.attempts, ran=summary.ran,
                          correct=sum(r.correct for r in summary.records),
                          errors=sum(r.status == "error" for r in summary.records),

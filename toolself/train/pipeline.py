@@ -98,8 +98,10 @@ def agent_overrides(settings: CATSettings) -> dict[str, Any]:
 
 
 def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_after: str | None = None,
-            echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run (or resume) the pipeline; returns the state's step results."""
+            echo: Callable[[str], None] = print, backend: Any = "local") -> dict[str, Any]:
+    """Run (or resume) the pipeline; returns the state's step results. backend: where the
+    collection and evaluation attempts run (`local`, `ray`, a runner Backend); not a setting of
+    the results, so a run may resume on another backend."""
     from toolself.train import data as D
     from toolself.train.collect import collect, load_any
     from toolself.train.kto import train_kto
@@ -130,7 +132,7 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
         return collect(settings.tasks, settings.teacher, out / "collect" / "teacher", settings.teacher_samples,
                        split="train", limit=settings.limit, temperature=settings.temperature, seed=settings.seed,
                        concurrency=settings.concurrency, timeout=settings.timeout,
-                       settings=agent_overrides(settings)).to_dict()
+                       settings=agent_overrides(settings), backend=backend).to_dict()
 
     def step_data_sft() -> dict[str, Any]:
         trajectories, schemas = load_any(out / "collect" / "teacher")
@@ -153,7 +155,7 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
         return collect(settings.tasks, f"local:{rft_dir}", out / "collect" / "policy", settings.policy_samples,
                        split="train", limit=settings.limit, temperature=settings.temperature, seed=settings.seed,
                        concurrency=settings.concurrency, timeout=settings.timeout,
-                       settings=agent_overrides(settings)).to_dict()
+                       settings=agent_overrides(settings), backend=backend).to_dict()
 
     def step_data_kto() -> dict[str, Any]:
         trajectories, schemas = load_any(out / "collect" / "policy")
@@ -184,7 +186,7 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
             summary = run_eval(settings.eval_tasks or settings.tasks, ["toolself"], spec, out / "eval" / name,
                                split="heldout", limit=settings.eval_limit, seed=settings.seed,
                                concurrency=settings.concurrency, timeout=settings.timeout,
-                               settings=agent_overrides(settings))
+                               settings=agent_overrides(settings), backend=backend)
             results[name] = summary.accuracy().get("toolself", {})
         return results
 
