@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from toolself.config import configuration_schema, parse_configuration
-from toolself.models.base import Message
+from toolself.models.base import ChatModel, Message
 from toolself.models import local
 from toolself.models.protocol import parse_tool_calls_text, to_text_messages
 from toolself.tools.base import tool
@@ -84,6 +84,7 @@ def model():
 
 @pytest.mark.slow
 def test_a_tool_turn_is_one_valid_call_of_an_offered_tool(model):
+    assert isinstance(model, ChatModel)
     completion = model.complete(episode(), tools=SCHEMAS, session="tool-turn", max_tokens=96)
     assert completion.finish_reason == "stop"
     assert len(completion.tool_calls) == 1

@@ -129,7 +129,7 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def load_weights(path: str | os.PathLike | None = None, dtype: str = "auto"):
+def load_weights(path: str | os.PathLike | None = None, dtype: str = "float32"):
     """(model, tokenizer, name) for a transformers directory, a PEFT adapter directory, or the
     default model when `path` is None. An adapter is merged into its base for decoding speed.
     `dtype`: "float32", "bfloat16" or "auto" (see `default_dtype`)."""
@@ -170,11 +170,15 @@ def default_threads() -> int:
 
 
 def default_dtype() -> str:
-    """bfloat16 where oneDNN has bf16 kernels for this CPU, else float32. Decoding a small
-    model on CPU is bound by memory traffic: bf16 halves it and the KV caches, and on 2 cores
-    here it made a decode step of 8 sequences ~2x and prefill ~2.5x cheaper in CPU time. The
-    price is replies that differ slightly from the float32 weights; training always starts
-    from the float32 directory."""
+    """What dtype "auto" means: bfloat16 where oneDNN has bf16 kernels for this CPU, else
+    float32.
+
+    float32 is the default because it keeps greedy replies reproducible: a reply computed
+    on top of a reused KV cache, or inside a batch, matched the one computed alone in every
+    step measured. bfloat16 halves the memory traffic of decoding and made prefill ~2x and
+    a batched decode step ~2x cheaper in CPU time here, but a chunked prefill then rounds
+    differently from a whole one and greedy replies can part ways after a near-tie (one
+    step in seven in the benchmark). Training always starts from the float32 directory."""
     import torch
 
     try:
@@ -236,7 +240,7 @@ class EmbeddedModel:
 
     @classmethod
     def load(cls, path: str | None = None, *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-             max_batch: int = 8, dtype: str = "auto", **options: Any) -> "EmbeddedModel":
+             max_batch: int = 8, dtype: str = "float32", **options: Any) -> "EmbeddedModel":
         """Load the default model (path None), a transformers directory or a LoRA adapter.
         `options` go to the constructor (max_tokens, max_string, cache_entries, cache_tokens,
         threads)."""
@@ -297,12 +301,21 @@ class EmbeddedModel:
     def complete(self, messages, tools=None, response_schema=None, session=None, max_tokens=None) -> Completion:
         started = time.perf_counter()
         future = self.submit(messages, tools, response_schema, session, max_tokens)
-        return self._completion(future.result(), tools, response_schema, started)
+        try:
+            result = future.result()
+        except Exception as exc:
+            raise ModelError(f"the embedded model failed: {exc}") from exc
+        return self._completion(result, tools, response_schema, started)
 
     async def acomplete(self, messages, tools=None, response_schema=None, session=None, max_tokens=None) -> Completion:
         started = time.perf_counter()
         future = await asyncio.to_thread(self.submit, messages, tools, response_schema, session, max_tokens)
-        result = await asyncio.wrap_future(future)
+        try:
+            result = await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise ModelError(f"the embedded model failed: {exc}") from exc
         return self._completion(result, tools, response_schema, started)
 
     def count_tokens(self, text: str) -> int:
