@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup browser demo test test-fast clean
+.PHONY: setup browser ray demo test test-fast clean
 
 setup: $(STAMP)
 
@@ -23,10 +23,14 @@ $(STAMP): pyproject.toml
 browser:
 	-sh scripts/install-browser.sh
 
+# Ray for the Ray backend's tests: ~240 MB that only cluster users need, so not in `all`.
+ray: setup
+	$(PY) -c "import ray" 2>/dev/null || $(PIP) install -q -e ".[ray]"
+
 demo: setup
 	$(VENV)/bin/toolself demo
 
-test: setup browser
+test: setup browser ray
 	$(PY) -m pytest -q
 
 test-fast: setup
