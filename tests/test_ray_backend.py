@@ -167,3 +167,26 @@ def test_an_attempt_whose_worker_is_killed_with_no_retries_left_is_an_error_reco
     assert summary.ran == 3 and summary.status == {"ok": 2, "timeout": 0, "error": 1}
     lost = next(r for r in summary.records if r.status == "error")
     assert "WorkerCrashedError" in lost.error or "died" in lost.error
+
+
+def test_toolself_eval_runs_its_attempts_on_ray_with_backend_ray(tmp_path, cluster):
+    from typer.testing import CliRunner
+
+    from toolself.cli import app
+
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["eval", "-t", "builtin:research", "--limit", "2", "-m", "expert", "-o", str(out),
+                                      "--backend", "ray", "--ray-cpus", "0.5", "--no-report"])
+    assert result.exit_code == 0, result.output
+    records = read_records(out / "toolself")
+    assert len(records) == 2 and all(r.status == "ok" and r.correct for r in records)
+
+
+def test_training_collection_passes_its_backend_to_the_runner(tmp_path, cluster):
+    from toolself.train.collect import collect, labelled_trajectories
+
+    result = collect(["builtin:research"], "expert", tmp_path / "collect", samples=2, limit=1, progress=False,
+                     backend=RayBackend(num_cpus=0.5))
+    assert (result.attempts, result.ran, result.errors) == (2, 2, 0)
+    trajectories = labelled_trajectories(tmp_path / "collect")
+    assert len(trajectories) == 2 and all(t.metadata["correct"] for t in trajectories)
