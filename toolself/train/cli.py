@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -16,6 +17,11 @@ train_app = typer.Typer(help="CAT training: RFT on a teacher's successes, then t
 console = Console()
 
 TASKS_HELP = "Task specs, comma-separated or repeated (builtin:research, gaia:PATH, jsonl:PATH, ...)."
+
+
+def _main_process() -> bool:
+    """Under `accelerate launch` every process runs the command; only rank 0 writes shared files."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _fail(message: str) -> None:
@@ -199,6 +205,9 @@ def rft(
         student_path = resolve_model_path(student)
     except FileNotFoundError as exc:
         _fail(str(exc))
+    if specs and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _fail("under accelerate launch, collect first in a single process (`toolself eval ... --split train "
+              "--repeats K`, see docs/training.md) and pass the folder with --trajectories")
     sources = list(trajectories)
     if specs:
         run_dir = out / "collect"
@@ -213,13 +222,16 @@ def rft(
     renderer = D.Renderer(_tokenizer(student), schemas)
     dataset, build = D.build_sft_dataset(found, renderer, max_length)
     info = D.sft_stats(dataset, build)
-    D.save_dataset(dataset, out / "data", info)
+    if _main_process():
+        D.save_dataset(dataset, out / "data", info)
     _print_stats(f"RFT data: {build.trajectories} successful of {len(found)} attempts", info)
     if len(dataset) == 0:
         _fail("no successful trajectory: nothing to fine-tune on")
     config = RFTConfig(output_dir=str(out / "checkpoints"), max_length=max_length, seed=seed,
                        **_train_kwargs(epochs, lr, batch_size, grad_accum, max_steps, lora_r, full_finetune))
     result = train_rft(dataset, student_path, out, config, resume=resume)
+    if not _main_process():
+        return
     png = plot_log(result.log, out / "curves.png", "RFT")
     console.print(f"RFT done: {result.steps} steps, loss {result.train_loss:.4f}, {result.tokens_per_second} tokens/s")
     console.print(f"model: --model local:{out}   log: {result.log}   curves: {png}")
@@ -262,6 +274,9 @@ def kto(
         _fail("give --tasks to collect, or --trajectories")
     if not ((policy / "adapter_config.json").is_file() or (policy / "config.json").is_file()):
         _fail(f"{policy} is neither an adapter nor a model directory")
+    if specs and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _fail("under accelerate launch, collect first in a single process (`toolself eval ... --split train "
+              "--repeats K`, see docs/training.md) and pass the folder with --trajectories")
     sources = list(trajectories)
     if specs:
         run_dir = out / "collect"
@@ -276,7 +291,8 @@ def kto(
     renderer = D.Renderer(_tokenizer(str(policy)), schemas)
     dataset, build, weights = D.build_kto_dataset(found, renderer, max_length)
     info = D.kto_stats(dataset, build, weights)
-    D.save_dataset(dataset, out / "data", info)
+    if _main_process():
+        D.save_dataset(dataset, out / "data", info)
     _print_stats(f"KTO data from {build.trajectories} attempts", info)
     kwargs = _train_kwargs(epochs, lr, batch_size, grad_accum, max_steps, lora_r, full_finetune)
     if beta is not None:
@@ -286,6 +302,8 @@ def kto(
     except ValueError as exc:
         _fail(str(exc))
     result = train_kto(dataset, policy, out, config, resume=resume)
+    if not _main_process():
+        return
     png = plot_log(result.log, out / "curves.png", "KTO")
     console.print(f"KTO done: {result.steps} steps, loss {result.train_loss:.4f}, {result.tokens_per_second} tokens/s, "
                   f"weights {result.extra['weights']}")

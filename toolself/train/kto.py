@@ -68,8 +68,11 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: KTO
                        desirable, len(dataset))
     log_path = Path(log_path) if log_path else out_dir / "train_log.jsonl"
     if log_path.exists() and not resume:
-        log_path.unlink()
-    base = prepare_base(policy_path, out_dir)
+        log_path.unlink(missing_ok=True)
+    from accelerate import PartialState
+
+    with PartialState().main_process_first():  # one process merges; the others then find it
+        base = prepare_base(policy_path, out_dir)
     model, tokenizer = load_base(base)
     collator = CountingCollator(DataCollatorForUnpairedPreference(pad_token_id=tokenizer.pad_token_id,
                                                                   max_length=config.max_length))
@@ -82,6 +85,10 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: KTO
     output = trainer.train(resume_from_checkpoint=checkpoint)
     seconds = time.perf_counter() - started
     trainer.save_model(str(out_dir))
+    if not trainer.is_world_process_zero():
+        return TrainResult(output_dir=str(out_dir), adapter=not config.full_finetune, steps=output.global_step,
+                           train_loss=output.training_loss, tokens=collator.tokens, seconds=round(seconds, 3),
+                           tokens_per_second=0.0, examples=len(dataset), log=str(log_path))
     tokenizer.save_pretrained(str(out_dir))
     result = TrainResult(output_dir=str(out_dir), adapter=not config.full_finetune, steps=output.global_step,
                          train_loss=output.training_loss, tokens=collator.tokens, seconds=round(seconds, 3),

@@ -73,14 +73,14 @@ def load_base(path: str | Path):
     """(model, tokenizer) to train from a full transformers directory (an adapter is first
     merged with `merge.prepare_base`, so that the new adapter names the merged model as its base
     and the trainer's reference, the adapter-disabled model, is that merged model)."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path).resolve()
     if (path / "adapter_config.json").is_file():
         raise ValueError(f"{path} is an adapter: merge it first (toolself.train.merge.prepare_base)")
-    dtype = torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    from toolself.train.merge import default_dtype
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=default_dtype())
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -29,6 +29,14 @@ def adapter_base(adapter_dir: str | Path) -> Path:
     raise FileNotFoundError(f"the adapter in {adapter_dir} was trained on {base!r}, which is not available here")
 
 
+def default_dtype():
+    """bfloat16 on a GPU that has it, float32 elsewhere. Never "auto": transformers may then
+    pick a 16-bit type for a float32 checkpoint, and a merge would round the base's weights."""
+    import torch
+
+    return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
+
+
 def merged_model(adapter_dir: str | Path, dtype: Any = None):
     """(model with the adapter merged in, tokenizer)."""
     from peft import PeftModel
@@ -36,7 +44,7 @@ def merged_model(adapter_dir: str | Path, dtype: Any = None):
 
     adapter_dir = Path(adapter_dir)
     base = adapter_base(adapter_dir)
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype or "auto")
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype or default_dtype())
     model = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
     own_tokenizer = (adapter_dir / "tokenizer_config.json").is_file()
     tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir if own_tokenizer else base))

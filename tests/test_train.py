@@ -1,0 +1,179 @@
+"""RFT and KTO on the embedded model, a few steps each, on trajectories from the real loop.
+
+The trajectories are the expert teacher's attempts at built-in research tasks, run through the
+agent with the real tools and scored by the real scorer (with noise, so that some fail). On
+two CPU cores the 135M model trains at a few tens of tokens per second, so the examples are
+cut to their last 64 tokens (the end of the prompt and the whole reply) and each run is a few
+steps: enough to see the loss fall and the adapter move the model the right way.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("trl")
+pytest.importorskip("peft")
+
+from toolself.train import data as D  # noqa: E402
+
+MAX_LENGTH = 64
+
+
+@pytest.fixture(scope="module")
+def student():
+    from toolself.models.local import MissingWeightsError, default_model_dir
+
+    try:
+        return default_model_dir()
+    except MissingWeightsError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def trajectories():
+    from toolself.agent import Agent, AgentSettings
+    from toolself.evals.loaders import load_tasks
+    from toolself.evals.runner import default_pool
+    from toolself.evals.scorers import score
+    from toolself.evals.teacher import ExpertTeacher
+
+    pool = default_pool()
+    out = []
+    for i, task in enumerate(load_tasks("builtin:research?hops=2", split="train", limit=6)):
+        for noise in (0.0, 1.0):
+            teacher = ExpertTeacher(task, noise=noise, seed=i)
+            with task.environment(model=teacher) as env:
+                t = Agent(teacher, pool, AgentSettings(context_budget=3000)).run(task.question, ctx=env.context,
+                                                                                  task_id=task.id)
+                t.metadata["correct"] = bool(score(task, t.answer, env).correct)
+            out.append(t)
+    assert {D.outcome(t) for t in out} == {True, False}
+    return out, D.tool_schemas(pool)
+
+
+@pytest.fixture(scope="module")
+def renderer(student, trajectories):
+    from transformers import AutoTokenizer
+
+    return D.Renderer(AutoTokenizer.from_pretrained(str(student)), trajectories[1])
+
+
+def completion_logps(model, prompt_ids, completion_ids) -> float:
+    import torch
+
+    ids = torch.tensor([prompt_ids + completion_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1]
+    return float(torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(completion_ids)[:, None]).sum())
+
+
+def logged_losses(log_path) -> list[float]:
+    return [r["loss"] for r in map(json.loads, open(log_path)) if r.get("event") == "log" and "loss" in r]
+
+
+def split_example(example) -> tuple[list[int], list[int]]:
+    first = next(i for i, label in enumerate(example["labels"]) if label != D.IGNORE)
+    return example["input_ids"][:first], example["input_ids"][first:]
+
+
+@pytest.fixture(scope="module")
+def rft_run(tmp_path_factory, student, trajectories, renderer):
+    from toolself.train.rft import train_rft
+    from toolself.train.rft_config import RFTConfig
+
+    out = tmp_path_factory.mktemp("rft")
+    dataset, build = D.build_sft_dataset(trajectories[0], renderer, max_length=MAX_LENGTH)
+    assert build.skipped_trajectories >= 1  # the failed attempts were rejected
+    actions = [i for i, tags in enumerate(dataset["decisions"]) if ":action" in tags][:2]
+    train = dataset.select(actions)
+    config = RFTConfig(output_dir=str(out / "ck"), max_steps=3, per_device_train_batch_size=2,
+                       gradient_accumulation_steps=1, learning_rate=3e-3, warmup_steps=0,
+                       lr_scheduler_type="constant", gradient_checkpointing=False, disable_tqdm=True)
+    return train, train_rft(train, student, out / "adapter", config), out
+
+
+@pytest.mark.slow
+def test_rft_lowers_the_loss_and_the_adapter_makes_the_teachers_replies_likelier(rft_run):
+    from toolself.models.local import load_weights
+    from toolself.train.merge import merge_adapter
+    from toolself.train.plots import plot_log
+
+    train, result, out = rft_run
+    losses = logged_losses(result.log)
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    assert result.tokens > 0 and result.tokens_per_second > 0
+    assert plot_log(result.log, out / "curves.png").stat().st_size > 1000
+
+    base, _, _ = load_weights(None, dtype="float32")
+    tuned, _, _ = load_weights(result.output_dir, dtype="float32")  # how `--model local:DIR` loads it
+    for example in train:
+        prompt, completion = split_example(example)
+        assert completion_logps(tuned, prompt, completion) > completion_logps(base, prompt, completion) + 1.0
+
+    merged = merge_adapter(result.output_dir, out / "merged")
+    again, _, _ = load_weights(merged, dtype="float32")
+    prompt, completion = split_example(train[0])
+    assert completion_logps(again, prompt, completion) == pytest.approx(completion_logps(tuned, prompt, completion),
+                                                                        abs=1e-3)
+
+
+@pytest.mark.slow
+def test_kto_on_top_of_rft_lowers_the_loss_and_separates_good_from_bad_decisions(tmp_path, rft_run, trajectories,
+                                                                                 renderer):
+    from toolself.models.local import load_weights
+    from toolself.train.kto import train_kto
+    from toolself.train.kto_config import KTOConfig
+
+    decisions, _, weights = D.build_kto_dataset(trajectories[0], renderer, max_length=MAX_LENGTH)
+    assert weights.undesirable_weight > 1.0  # failures are the minority here and are weighted up
+    actions = [i for i, kind in enumerate(decisions["kind"]) if kind == "action"]
+    good = next(i for i in actions if decisions[i]["label"])
+    bad = next(i for i in actions if not decisions[i]["label"])
+    train = decisions.select([good, bad])  # one micro-batch, seen at every step
+    config = KTOConfig(output_dir=str(tmp_path / "ck"), max_steps=2, per_device_train_batch_size=2,
+                       gradient_accumulation_steps=1, learning_rate=1e-3, warmup_steps=0,
+                       lr_scheduler_type="constant", max_length=MAX_LENGTH, gradient_checkpointing=False,
+                       disable_tqdm=True)
+    result = train_kto(train, rft_run[1].output_dir, tmp_path / "kto", config)
+
+    records = [r for r in map(json.loads, open(result.log)) if r.get("event") == "log" and "loss" in r]
+    assert records[-1]["loss"] < records[0]["loss"]
+    assert {"rewards/chosen", "rewards/rejected", "kl", "learning_rate", "tokens_per_second"} <= set(records[0])
+    assert result.extra["weights"]["ratio"] == pytest.approx(1.15, abs=0.01)
+
+    reference, _, _ = load_weights(tmp_path / "kto" / "base", dtype="float32")  # the merged RFT model
+    policy, _, _ = load_weights(tmp_path / "kto", dtype="float32")
+    shift = {True: [], False: []}
+    for example in train:
+        args = (example["prompt_ids"], example["completion_ids"])
+        shift[example["label"]].append(completion_logps(policy, *args) - completion_logps(reference, *args))
+    assert shift[True][0] > shift[False][0]
+
+
+def test_kto_refuses_a_batch_too_small_for_its_kl_estimate():
+    from toolself.train.kto_config import KTOConfig
+
+    with pytest.raises(ValueError, match="at least 2|>= 2"):
+        KTOConfig(output_dir="unused", per_device_train_batch_size=1)
+
+
+def test_the_cat_pipeline_resumes_after_its_last_finished_step_and_refuses_other_settings(tmp_path, student):
+    from toolself.train.pipeline import CATSettings, PipelineMismatch, run_cat
+
+    settings = CATSettings(tasks=["builtin:research?hops=2"], teacher="expert", teacher_samples=2, limit=2,
+                           concurrency=2)
+    lines: list[str] = []
+    first = run_cat(settings, tmp_path, stop_after="collect_teacher", echo=lines.append)
+    assert list(first) == ["collect_teacher"] and first["collect_teacher"]["attempts"] == 4
+    lines.clear()
+    second = run_cat(settings, tmp_path, stop_after="data_sft", echo=lines.append)
+    assert lines[0] == "[collect_teacher] done earlier, skipped" and lines[1] == "[data_sft] running"
+    assert second["data_sft"]["examples"] > 0
+    assert (tmp_path / "data" / "sft" / "stats.json").is_file()
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert [s for s, v in state["steps"].items() if v["done"]] == ["collect_teacher", "data_sft"]
+    with pytest.raises(PipelineMismatch):
+        run_cat(CATSettings(tasks=["builtin:research?hops=3"], teacher_samples=2, limit=2), tmp_path,
+                stop_after="data_sft", echo=lines.append)
