@@ -380,31 +380,39 @@ class Engine:
         if self.threads > 0:
             torch.set_num_threads(self.threads)
 
+    def _can_prefill(self) -> bool:
+        return bool(self._pending) and self._decoding + len(self._ready) + self._prefilling < self.max_batch
+
+    def _prefill_one(self, request: Request) -> _Sequence | None:
+        """Prefill a request; None when it is already answered (done at once, failed, or
+        cancelled)."""
+        if request.future.cancelled():
+            return None
+        try:
+            seq = self._prefill(request)
+        except Exception as exc:
+            if not request.future.done():
+                request.future.set_exception(exc)
+            return None
+        if seq.finish_reason is not None:
+            self._finish(seq, seq.kv)
+            return None
+        return seq
+
     def _prefill_loop(self) -> None:
         self._use_threads()
         with torch.inference_mode():
             while True:
                 with self._cond:
-                    while not self._closed and not (
-                            self._pending and self._decoding + len(self._ready) < self.max_batch):
+                    while not self._closed and not self._can_prefill():
                         self._cond.wait()
                     if self._closed:
                         return
                     request = self._pending.pop(0)
-                    self._prefilling = 1
-                seq = None
-                if not request.future.cancelled():
-                    try:
-                        seq = self._prefill(request)
-                        if seq.finish_reason is not None:
-                            self._finish(seq, seq.kv)
-                            seq = None
-                    except Exception as exc:
-                        seq = None
-                        if not request.future.done():
-                            request.future.set_exception(exc)
+                    self._prefilling += 1
+                seq = self._prefill_one(request)
                 with self._cond:
-                    self._prefilling = 0
+                    self._prefilling -= 1
                     if seq is not None:
                         self._ready.append(seq)
                     self._cond.notify_all()
@@ -412,13 +420,17 @@ class Engine:
     # The decode thread.
 
     def _decode_loop(self) -> None:
+        """Steps the batch; while requests wait for the prefill thread it also prefills one
+        between two steps. Prefill is then the bottleneck, and a step over a half-empty batch
+        costs nearly as much as over a full one, so this trades a short pause of the batch for
+        fuller batches afterwards."""
         self._use_threads()
         batch = _Batch(self.num_layers, self.max_batch)
         bitmask = None
         with torch.inference_mode():
             while True:
                 with self._cond:
-                    while not self._closed and not self._ready and not batch.rows:
+                    while not self._closed and not self._ready and not batch.rows and not self._can_prefill():
                         self._cond.wait()
                     if self._closed:
                         error = RuntimeError("the engine was closed")
@@ -429,6 +441,16 @@ class Engine:
                     room = self.max_batch - len(batch.rows)
                     joining, self._ready = self._ready[:room], self._ready[room:]
                     self._decoding = len(batch.rows) + len(joining)
+                    stolen = self._pending.pop(0) if self._can_prefill() else None
+                    if stolen is not None:
+                        self._prefilling += 1
+                if stolen is not None:
+                    seq = self._prefill_one(stolen)
+                    if seq is not None:
+                        joining.append(seq)
+                    with self._cond:
+                        self._prefilling -= 1
+                        self._decoding += 1 if seq is not None else 0
                 for seq in joining:
                     try:
                         batch.join(seq)
