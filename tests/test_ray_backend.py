@@ -190,3 +190,38 @@ def test_training_collection_passes_its_backend_to_the_runner(tmp_path, cluster)
     assert (result.attempts, result.ran, result.errors) == (2, 2, 0)
     trajectories = labelled_trajectories(tmp_path / "collect")
     assert len(trajectories) == 2 and all(t.metadata["correct"] for t in trajectories)
+
+
+@tool
+def hang(key: str) -> str:
+    """A tool that does not return in time.
+
+    Args:
+        key: Anything.
+    """
+    time.sleep(60)
+    return "late"
+
+
+def hanging_policy(messages, tools):
+    """Like `policy`, but task t0 calls a tool that never returns in time."""
+    if not tools:
+        return CONFIG.replace('["lookup"]', '["lookup", "hang"]')
+    if number_in(messages) == 0 and messages[-1].role != "tool":
+        return call("hang", key="0")
+    return policy(messages, tools)
+
+
+def test_an_attempt_stuck_past_its_limit_is_abandoned_and_its_ray_task_cancelled(tmp_path, cluster):
+    spec = write_tasks(tmp_path / "tasks.jsonl", 2)
+    pool = ToolPool([lookup, hang])
+    started = time.monotonic()
+    with serving(ScriptedModel([], default=hanging_policy)) as url:
+        # Each attempt holds the whole cluster: t1 can start only once t0's worker is freed.
+        with pytest.warns(RuntimeWarning, match="concurrency 2 lowered to 1"):
+            summary = run_eval([spec], ["toolself"], f"openai:scripted@{url}", tmp_path / "out", concurrency=2,
+                               timeout=4, grace=1, progress=False, pool=pool, backend=RayBackend(num_cpus=2))
+    records = {r.task_id: r for r in summary.records}
+    assert records["t0"].status == "timeout" and records["t0"].end_reason == "abandoned"
+    assert records["t1"].status == "ok"
+    assert time.monotonic() - started < 30

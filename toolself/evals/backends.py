@@ -118,6 +118,8 @@ class RayBackend:
     than the cluster has cores; attempts in flight are at most the runner's concurrency).
     max_retries: reruns of an attempt whose worker died. Tool pools and task files must be
     reachable from every node (a pool is pickled to the workers; a task's `files` are paths).
+    The runner keeps no more attempts in flight than the cluster's CPUs / num_cpus at the start
+    (an attempt's clock runs from its hand-over, so it must not wait in Ray's queue).
     """
 
     address: str | None = None
@@ -136,7 +138,9 @@ class RayBackend:
         context = _WorkerContext(run=uuid.uuid4().hex, models=models, pool=pool)
         remote = ray.remote(_remote_attempt).options(num_cpus=self.num_cpus, max_retries=self.max_retries,
                                                      retry_exceptions=False, name="toolself_attempt")
-        return _RayExecutor(ray, remote, [ray.put(context)], context.run, grace)
+        executor = _RayExecutor(ray, remote, [ray.put(context)], context.run, grace)
+        executor.capacity = int(ray.cluster_resources().get("CPU", 0) // self.num_cpus) or None
+        return executor
 
 
 @dataclass
@@ -160,6 +164,7 @@ class _RayExecutor:
         self.run = run
         self.grace = grace
         self.lock = threading.Lock()
+        self.capacity: int | None = None  # attempts the cluster runs at once (its CPUs / num_cpus)
 
     def execute(self, job: Any, cancel: threading.Event, live: list) -> tuple[Any, str | None]:
         from toolself.evals.runner import _record

@@ -25,6 +25,9 @@ watchdog sets the attempt's cancel event at the limit. A Python thread cannot be
 attempt still running `grace` seconds after its limit is recorded as `timeout` with what its
 trajectory held at that moment, and its thread is abandoned (it can no longer write: its key
 is committed). A crash anywhere in an attempt is recorded with its traceback as `error`.
+
+Where an attempt executes is its backend's business (`backends`): in its thread (local), or as
+a Ray task its thread waits for; the scheduling, limits and writing above stay here.
 """
 
 from __future__ import annotations
@@ -215,7 +218,6 @@ def run_eval(
     `local` (threads in this process), `ray`, `ray:ADDRESS` or a Backend (see `backends`).
     """
     from toolself.evals.backends import AttemptModels, make_backend
-
     from toolself.variants import settings_for
 
     if concurrency < 1:
@@ -264,6 +266,7 @@ def run_eval(
             if jobs:
                 models = AttemptModels(model, config_model, judge, dict(model_options or {}))
                 executor = make_backend(backend).open(models, pool, out / "workspaces", grace)
+                concurrency = _within_capacity(concurrency, getattr(executor, "capacity", None))
         except BaseException:
             for store in stores.values():
                 store.close()
@@ -434,6 +437,18 @@ class _Scheduler:
                 self.ran += 1
                 self.status[record.status] += 1
                 self.progress.attempt_finished(record)
+
+
+def _within_capacity(concurrency: int, capacity: int | None) -> int:
+    """No more attempts in flight than the backend runs at once: the clock of an attempt starts
+    when it is handed over, so one queued behind a full cluster would spend its limit waiting."""
+    if capacity is None or concurrency <= capacity:
+        return concurrency
+    import warnings
+
+    warnings.warn(f"concurrency {concurrency} lowered to {max(1, capacity)}: the backend runs at most that many "
+                  "attempts at once", RuntimeWarning, stacklevel=3)
+    return max(1, capacity)
 
 
 def _single_writer(out: Path):
