@@ -225,3 +225,12 @@ def test_an_attempt_stuck_past_its_limit_is_abandoned_and_its_ray_task_cancelled
     assert records["t0"].status == "timeout" and records["t0"].end_reason == "abandoned"
     assert records["t1"].status == "ok"
     assert time.monotonic() - started < 30
+
+
+def test_a_model_object_that_cannot_travel_to_the_workers_is_refused_with_a_way_out(tmp_path, cluster):
+    from toolself.models.openai_compat import OpenAIModel
+
+    spec = write_tasks(tmp_path / "tasks.jsonl", 1)
+    with pytest.raises(ValueError, match="give models as specs"):
+        run_eval([spec], ["toolself"], OpenAIModel("m", "http://127.0.0.1:9/v1"), tmp_path / "out", progress=False,
+                 pool=POOL, backend=RayBackend(num_cpus=0.5))

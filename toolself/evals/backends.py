@@ -138,7 +138,13 @@ class RayBackend:
         context = _WorkerContext(run=uuid.uuid4().hex, models=models, pool=pool)
         remote = ray.remote(_remote_attempt).options(num_cpus=self.num_cpus, max_retries=self.max_retries,
                                                      retry_exceptions=False, name="toolself_attempt")
-        executor = _RayExecutor(ray, remote, [ray.put(context)], context.run, grace)
+        try:
+            context_ref = ray.put(context)
+        except Exception as exc:  # cloudpickle raises TypeError, PicklingError, ... by content
+            raise ValueError("the Ray backend ships the models and the tool pool to its workers, and these do not "
+                             f"pickle ({type(exc).__name__}: {exc}); give models as specs (openai:NAME@URL, "
+                             "embedded, local:DIR, expert) rather than objects") from exc
+        executor = _RayExecutor(ray, remote, [context_ref], context.run, grace)
         executor.capacity = int(ray.cluster_resources().get("CPU", 0) // self.num_cpus) or None
         return executor
 
