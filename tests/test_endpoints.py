@@ -50,6 +50,11 @@ def test_a_spec_lists_servers_with_optional_limits():
     assert endpoints == [Endpoint("http://gpu0:8000/v1", 16), Endpoint("http://gpu1:8000/v1", DEFAULT_LIMIT)]
 
 
+def test_copies_built_from_one_spec_start_their_rounds_at_different_servers():
+    firsts = {RoundRobinModel([object(), object(), object()], [1, 1, 1])._acquire(None, set()) for _ in range(60)}
+    assert firsts == {0, 1, 2}
+
+
 @pytest.mark.parametrize("spec, message", [
     ("openai:m@http://a/v1,ftp://b", "must start with http"),
     ("openai:m@http://a/v1#x,http://b/v1", "whole number"),
@@ -75,7 +80,7 @@ def test_calls_without_a_session_alternate_between_servers():
     with first as url_a, second as url_b:
         model = RoundRobinModel([OpenAIModel("m", url_a), OpenAIModel("m", url_b)], [4, 4])
         answers = [model.complete(HELLO).message.content for _ in range(6)]
-    assert sorted(answers) == ["a"] * 3 + ["b"] * 3
+    assert answers[0::2] == [answers[0]] * 3 and answers[1::2] == [answers[1]] * 3 and answers[0] != answers[1]
     assert (a.total, b.total) == (3, 3)
 
 

@@ -15,12 +15,17 @@ moving it would recompute that prefix elsewhere. New episodes go round-robin to 
 server with a free slot. A server that fails a call (after its own retries) is skipped for the
 rest of that call, which is tried on the others; the episode then moves to the one that
 answered.
+
+Limits hold within one process. Under the Ray backend every worker process builds its own copy
+from the spec and runs one attempt at a time, so there the load on each server is bounded by
+the runner's concurrency (spread evenly by round-robin from a random first server), not by `#N`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -79,7 +84,9 @@ class RoundRobinModel:
         self.in_flight = [0] * len(models)
         self.served = [0] * len(models)
         self.name = getattr(models[0], "name", "round-robin")
-        self._turn = itertools.count()
+        # A random first turn: processes that each build this model from the same spec (Ray
+        # workers) would otherwise all send their first episode to the first server.
+        self._turn = itertools.count(random.randrange(len(models)))
         self._ready = threading.Condition()
         self._sessions: dict[str, int] = {}
 
