@@ -7,8 +7,8 @@ asyncio; here two threads own the model and serve them all:
 
 - the prefill thread computes a new request alone, on top of the longest cached prefix of its
   prompt (a KV cache kept per session and, without sessions, matched by common token prefix),
-  while the decode thread keeps stepping the batch; the prefilled sequence joins the batch
-  between two decode steps;
+  while the decode thread keeps stepping the batch (and, when requests queue up, prefills one
+  itself between two steps); the prefilled sequence joins the batch between two decode steps;
 - the batch keeps every sequence's keys and values in one preallocated buffer, right-aligned
   (left padding masked out) and packed into the first rows, so appending a token never copies
   the cache and a sequence that finishes is replaced by moving one row;
