@@ -1,0 +1,113 @@
+"""Training throughput of CAT's two stages on the embedded model, on this machine.
+
+    python benchmarks/train.py [--steps 3] [--max-length 512] [--batch-size 2]
+
+Each stage runs in its own process (so each peak memory is its own): RFT (SFTTrainer + LoRA)
+and KTO (KTOTrainer + LoRA, reference = the adapter-disabled model) on examples built from the
+expert teacher's trajectories on built-in research tasks, cut to `--max-length` tokens. Prints
+one JSON object: tokens per second (real, unpadded tokens of the trained sequences; KTO's extra
+KL sequences are reported apart), seconds, and peak resident memory (ru_maxrss) per stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def trajectories():
+    from toolself.agent import Agent, AgentSettings
+    from toolself.evals.loaders import load_tasks
+    from toolself.evals.runner import default_pool
+    from toolself.evals.scorers import score
+    from toolself.evals.teacher import ExpertTeacher
+
+    pool = default_pool()
+    out = []
+    for i, task in enumerate(load_tasks("builtin:research?hops=2", split="train", limit=6)):
+        for noise in (0.0, 1.0):
+            teacher = ExpertTeacher(task, noise=noise, seed=i)
+            with task.environment(model=teacher) as env:
+                t = Agent(teacher, pool, AgentSettings(context_budget=3000)).run(task.question, ctx=env.context,
+                                                                                  task_id=task.id)
+                t.metadata["correct"] = bool(score(task, t.answer, env).correct)
+            out.append(t)
+    return out, pool
+
+
+def phase(name: str, steps: int, max_length: int, batch_size: int) -> dict:
+    from transformers import AutoTokenizer
+
+    from toolself.models.local import default_model_dir
+    from toolself.train import data as D
+
+    student = default_model_dir()
+    found, pool = trajectories()
+    renderer = D.Renderer(AutoTokenizer.from_pretrained(str(student)), D.tool_schemas(pool))
+    common = dict(max_steps=steps, per_device_train_batch_size=batch_size, gradient_accumulation_steps=1,
+                  warmup_steps=0, disable_tqdm=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        if name == "rft":
+            from toolself.train.rft import train_rft
+            from toolself.train.rft_config import RFTConfig
+
+            dataset, _ = D.build_sft_dataset(found, renderer, max_length=max_length)
+            dataset = dataset.select(range(min(len(dataset), steps * batch_size)))
+            result = train_rft(dataset, student, Path(tmp) / "out", RFTConfig(output_dir=tmp + "/ck", **common))
+        else:
+            from toolself.train.kto import train_kto
+            from toolself.train.kto_config import KTOConfig
+
+            dataset, _, _ = D.build_kto_dataset(found, renderer, max_length=max_length)
+            dataset = dataset.select(range(min(len(dataset), steps * batch_size)))
+            result = train_kto(dataset, student, Path(tmp) / "out",
+                               KTOConfig(output_dir=tmp + "/ck", max_length=max_length, **common))
+    lengths = [len(x) for x in dataset["input_ids"]] if name == "rft" else \
+        [len(p) + len(c) for p, c in zip(dataset["prompt_ids"], dataset["completion_ids"])]
+    return {"steps": result.steps, "examples": len(dataset), "mean_sequence_tokens": round(sum(lengths) / len(lengths), 1),
+            "tokens": result.tokens, "kl_tokens": result.extra.get("kl_tokens"), "train_seconds": result.seconds,
+            "tokens_per_second": result.tokens_per_second, "final_loss": result.train_loss,
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--max-length", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--phase", choices=["rft", "kto"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.phase:
+        print(json.dumps(phase(args.phase, args.steps, args.max_length, args.batch_size)))
+        return
+    import torch
+
+    report = {"machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                          "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+                          "python": platform.python_version(), "torch": torch.__version__,
+                          "device": "cuda" if torch.cuda.is_available() else "cpu"},
+              "settings": {"steps": args.steps, "max_length": args.max_length, "batch_size": args.batch_size,
+                           "lora": "r=16, alpha=32, all linear layers", "model": "SmolLM2-135M-Instruct (fp32)"}}
+    for name in ("rft", "kto"):
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, __file__, "--phase", name, "--steps", str(args.steps),
+                               "--max-length", str(args.max_length), "--batch-size", str(args.batch_size)],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            report[name] = {"error": done.stderr[-2000:]}
+            continue
+        report[name] = json.loads(done.stdout.strip().splitlines()[-1])
+        report[name]["wall_seconds"] = round(time.perf_counter() - started, 1)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
