@@ -348,7 +348,8 @@ def cat_command(
     except json.JSONDecodeError as exc:
         _fail(f"an --*-options value is not JSON: {exc}")
     try:
-        results = run_cat(settings, out, force=force, stop_after=stop_after, echo=console.print,
+        results = run_cat(settings, out, force=force, stop_after=stop_after,
+                          echo=lambda line: console.print(line, markup=False, highlight=False),
                           backend=_backend(backend, address, ray_cpus))
     except (PipelineMismatch, ValueError, FileNotFoundError) as exc:
         _fail(str(exc))

@@ -59,6 +59,10 @@ class PipelineMismatch(ValueError):
     """The output folder holds a CAT run made with other settings."""
 
 
+class EmptyData(ValueError):
+    """A data step produced nothing to train on; the step is left unfinished."""
+
+
 class State:
     def __init__(self, out: Path):
         self.path = out / STATE_FILE
@@ -138,6 +142,9 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
         trajectories, schemas = load_any(out / "collect" / "teacher")
         r = D.Renderer(renderer(), schemas)
         dataset, stats = D.build_sft_dataset(trajectories, r, settings.max_length)
+        if len(dataset) == 0:
+            raise EmptyData(f"none of the teacher's {len(trajectories)} attempts succeeded: nothing to fine-tune "
+                            "on (more samples, looser budgets or a stronger teacher); rerun to retry this step")
         info = D.sft_stats(dataset, stats)
         D.save_dataset(dataset, out / "data" / "sft", info)
         return {"examples": len(dataset), "trajectories": stats.trajectories,
@@ -161,6 +168,9 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
         trajectories, schemas = load_any(out / "collect" / "policy")
         r = D.Renderer(renderer(), schemas)
         dataset, stats, weights = D.build_kto_dataset(trajectories, r, settings.max_length)
+        if len(dataset) < 2:
+            raise EmptyData(f"the policy's {len(trajectories)} scored attempts hold {len(dataset)} decisions: "
+                            "KTO needs at least 2")
         info = D.kto_stats(dataset, stats, weights)
         D.save_dataset(dataset, out / "data" / "kto", info)
         for note in stats.notes:
