@@ -211,7 +211,11 @@ def _stop_token_ids(tokenizer) -> list[int]:
 
 class EmbeddedModel:
     """A local transformers model behind the ChatModel protocol, grammar-constrained, with KV
-    caches kept between the turns of an episode and concurrent calls decoded in batches."""
+    caches kept between the turns of an episode and concurrent calls decoded in batches.
+
+    Greedy unless `temperature` > 0; then each call samples from a generator seeded with
+    (seed, session, prompt length), so rerunning the same episodes reproduces their samples
+    whatever the order in which concurrent calls arrive."""
 
     def __init__(self, model, tokenizer, *, name: str = DEFAULT_NAME, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, max_batch: int = 8, max_tokens: int = DEFAULT_MAX_TOKENS,
