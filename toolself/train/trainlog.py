@@ -67,10 +67,13 @@ class JsonlLog(TrainerCallback):
         if not state.is_world_process_zero:
             return
         now = time.perf_counter()
-        record: dict[str, Any] = {"event": "log", "stage": self.stage, "step": state.global_step,
-                                  "epoch": state.epoch, "elapsed": round(now - self.started, 3)}
-        record.update({k: v for k, v in (logs or {}).items() if isinstance(v, (int, float, str, bool))})
-        if self.counter is not None:
+        logs = logs or {}
+        summary = "train_runtime" in logs  # the trainer's end-of-training totals, not a step
+        record: dict[str, Any] = {"event": "summary" if summary else "log", "stage": self.stage,
+                                  "step": state.global_step, "epoch": state.epoch,
+                                  "elapsed": round(now - self.started, 3)}
+        record.update({k: v for k, v in logs.items() if isinstance(v, (int, float, str, bool))})
+        if self.counter is not None and not summary:
             tokens = self.counter.tokens * self.world_size
             window = now - self.last_time
             record["tokens"] = tokens
