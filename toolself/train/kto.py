@@ -67,8 +67,6 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: KTO
         logger.warning("every decision has the same label (%d desirable of %d): KTO has one class to learn from",
                        desirable, len(dataset))
     log_path = Path(log_path) if log_path else out_dir / "train_log.jsonl"
-    if log_path.exists() and not resume:
-        log_path.unlink(missing_ok=True)
     from accelerate import PartialState
 
     with PartialState().main_process_first():  # one process merges; the others then find it
@@ -81,6 +79,8 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: KTO
     trainer = PretokenizedKTOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                                      data_collator=collator, peft_config=config.peft_config(), callbacks=[log])
     checkpoint = get_last_checkpoint(config.output_dir) if resume and Path(config.output_dir).is_dir() else None
+    if checkpoint is None and PartialState().is_main_process:  # a fresh run: a fresh log
+        log_path.unlink(missing_ok=True)
     started = time.perf_counter()
     output = trainer.train(resume_from_checkpoint=checkpoint)
     seconds = time.perf_counter() - started

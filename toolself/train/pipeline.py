@@ -154,7 +154,7 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
         dataset = D.load_dataset_dir(out / "data" / "sft")
         config = RFTConfig(output_dir=str(rft_dir / "checkpoints"), max_length=settings.max_length,
                            seed=settings.seed, **settings.rft)
-        result = train_rft(dataset, student, rft_dir, config)
+        result = train_rft(dataset, student, rft_dir, config, resume=True)  # from a checkpoint, if any
         plot_log(result.log, rft_dir / "curves.png", "RFT")
         return result.to_dict()
 
@@ -182,7 +182,7 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
         dataset = D.load_dataset_dir(out / "data" / "kto")
         config = KTOConfig(output_dir=str(kto_dir / "checkpoints"), max_length=settings.max_length,
                            seed=settings.seed, **settings.kto)
-        result = train_kto(dataset, rft_dir, kto_dir, config)
+        result = train_kto(dataset, rft_dir, kto_dir, config, resume=True)
         plot_log(result.log, kto_dir / "curves.png", "KTO")
         return result.to_dict()
 
