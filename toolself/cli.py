@@ -168,6 +168,7 @@ def _mount() -> None:
     from toolself.evals.cli import tasks_app
     from toolself.evals.eval_cli import eval_command, report_command
     from toolself.tools.cli import tools_app
+    from toolself.train.cli import train_app
     from toolself.viewer.cli import view_command
 
     app.command("eval")(eval_command)
@@ -175,6 +176,7 @@ def _mount() -> None:
     app.command("view")(view_command)
     app.add_typer(tools_app, name="tools")
     app.add_typer(tasks_app, name="tasks")
+    app.add_typer(train_app, name="train")
 
 
 _mount()
