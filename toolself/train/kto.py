@@ -9,16 +9,14 @@ re-tokenizing text, so the trained tokens are the ones the policy produced.
 
 from __future__ import annotations
 
-import json
 import logging
-import time
 from pathlib import Path
 
 from trl import KTOTrainer
 
 from toolself.train.data import kto_weights
 from toolself.train.kto_config import KTOConfig
-from toolself.train.rft import TrainResult
+from toolself.train.rft import TrainResult, run_trainer
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +43,6 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: KTO
     """Train a KTO adapter on top of `policy_path` (the RFT adapter or a full model) with
     `dataset` (prompt_ids / completion_ids / label), saved in `out_dir` with the merged
     starting model in `out_dir/base` when the policy was an adapter."""
-    from transformers.trainer_utils import get_last_checkpoint
-
     from toolself.train.lora import load_base
     from toolself.train.merge import prepare_base
     from toolself.train.trainlog import CountingCollator, JsonlLog
@@ -78,22 +74,5 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: KTO
                    extra={"examples": len(dataset), "base": str(base), "weights": weights.to_dict()})
     trainer = PretokenizedKTOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                                      data_collator=collator, peft_config=config.peft_config(), callbacks=[log])
-    checkpoint = get_last_checkpoint(config.output_dir) if resume and Path(config.output_dir).is_dir() else None
-    if checkpoint is None and PartialState().is_main_process:  # a fresh run: a fresh log
-        log_path.unlink(missing_ok=True)
-    started = time.perf_counter()
-    output = trainer.train(resume_from_checkpoint=checkpoint)
-    seconds = time.perf_counter() - started
-    trainer.save_model(str(out_dir))
-    if not trainer.is_world_process_zero():
-        return TrainResult(output_dir=str(out_dir), adapter=not config.full_finetune, steps=output.global_step,
-                           train_loss=output.training_loss, tokens=collator.tokens, seconds=round(seconds, 3),
-                           tokens_per_second=0.0, examples=len(dataset), log=str(log_path))
-    tokenizer.save_pretrained(str(out_dir))
-    result = TrainResult(output_dir=str(out_dir), adapter=not config.full_finetune, steps=output.global_step,
-                         train_loss=output.training_loss, tokens=collator.tokens, seconds=round(seconds, 3),
-                         tokens_per_second=round(collator.tokens / seconds, 2) if seconds else 0.0,
-                         examples=len(dataset), log=str(log_path),
-                         extra={"weights": weights.to_dict(), "kl_tokens": collator.kl_tokens, "base": str(base)})
-    (out_dir / "train_result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
-    return result
+    return run_trainer(trainer, collator, out_dir, log_path, len(dataset), resume,
+                       extra={"weights": weights.to_dict(), "kl_tokens": collator.kl_tokens, "base": str(base)})

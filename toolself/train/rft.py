@@ -40,7 +40,6 @@ def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTC
     """Fine-tune `model_path` (a model directory; an adapter is merged first) on `dataset`
     (input_ids / labels) and save the adapter (or the full model) with its tokenizer in
     `out_dir`, which then loads with `--model local:OUT_DIR`."""
-    from transformers.trainer_utils import get_last_checkpoint
     from trl import SFTTrainer
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
@@ -65,21 +64,30 @@ def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTC
     log = JsonlLog(log_path, collator, stage="rft", extra={"examples": len(dataset), "base": str(base)})
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                          data_collator=collator, peft_config=config.peft_config(), callbacks=[log])
-    checkpoint = get_last_checkpoint(config.output_dir) if resume and Path(config.output_dir).is_dir() else None
+    return run_trainer(trainer, collator, out_dir, log_path, len(dataset), resume)
+
+
+def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int, resume: bool,
+                extra: dict[str, Any] | None = None) -> TrainResult:
+    """Train (from the last checkpoint when resuming), save the model and its tokenizer, and
+    write `train_result.json`: the part RFT and KTO share."""
+    from accelerate import PartialState
+    from transformers.trainer_utils import get_last_checkpoint
+
+    output_dir = trainer.args.output_dir
+    checkpoint = get_last_checkpoint(output_dir) if resume and Path(output_dir).is_dir() else None
     if checkpoint is None and PartialState().is_main_process:  # a fresh run: a fresh log
         log_path.unlink(missing_ok=True)
     started = time.perf_counter()
     output = trainer.train(resume_from_checkpoint=checkpoint)
     seconds = time.perf_counter() - started
     trainer.save_model(str(out_dir))
-    if not trainer.is_world_process_zero():
-        return TrainResult(output_dir=str(out_dir), adapter=not config.full_finetune, steps=output.global_step,
-                           train_loss=output.training_loss, tokens=collator.tokens, seconds=round(seconds, 3),
-                           tokens_per_second=0.0, examples=len(dataset), log=str(log_path))
-    tokenizer.save_pretrained(str(out_dir))
-    result = TrainResult(output_dir=str(out_dir), adapter=not config.full_finetune, steps=output.global_step,
+    main = trainer.is_world_process_zero()
+    result = TrainResult(output_dir=str(out_dir), adapter=not trainer.args.full_finetune, steps=output.global_step,
                          train_loss=output.training_loss, tokens=collator.tokens, seconds=round(seconds, 3),
-                         tokens_per_second=round(collator.tokens / seconds, 2) if seconds else 0.0,
-                         examples=len(dataset), log=str(log_path))
-    (out_dir / "train_result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+                         tokens_per_second=round(collator.tokens / seconds, 2) if seconds and main else 0.0,
+                         examples=examples, log=str(log_path), extra=dict(extra or {}) if main else {})
+    if main:
+        trainer.processing_class.save_pretrained(str(out_dir))
+        (out_dir / "train_result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
     return result
