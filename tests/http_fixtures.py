@@ -30,6 +30,25 @@ import uvicorn
 from toolself.serve import create_app
 
 
+class InFlight:
+    """A scripted reply that blocks for `seconds` and counts how many calls overlapped: a test
+    of concurrency that does not depend on how fast the machine is."""
+
+    def __init__(self, seconds: float, reply: str = "ok"):
+        self.seconds, self.reply = seconds, reply
+        self.now = self.peak = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, messages: Any, tools: Any) -> str:
+        with self._lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+        time.sleep(self.seconds)
+        with self._lock:
+            self.now -= 1
+        return self.reply
+
+
 @contextmanager
 def running_server(app: Any, host: str = "127.0.0.1", startup_timeout: float = 10.0) -> Iterator[str]:
     """Run `app` until the block ends; yields `http://127.0.0.1:PORT`."""

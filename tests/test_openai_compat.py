@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
 from typing import Any, Awaitable, Callable
 
@@ -16,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from http_fixtures import running_server, serving
+from http_fixtures import InFlight, running_server, serving
 from toolself.agent import Agent, AgentSettings
 from toolself.models.base import Message, ModelError, ToolCall
 from toolself.models.openai_compat import OpenAIModel, parse_model_spec, parse_retry_after, parse_spec
@@ -136,17 +135,7 @@ def test_reasoning_content_field_goes_to_reasoning_and_is_not_sent_back():
 
 
 def test_acomplete_requests_run_concurrently():
-    lock = threading.Lock()
-    in_flight = [0, 0]  # now, peak
-
-    def slow(messages, tools):
-        with lock:
-            in_flight[0] += 1
-            in_flight[1] = max(in_flight[1], in_flight[0])
-        time.sleep(0.3)
-        with lock:
-            in_flight[0] -= 1
-        return "ok"
+    slow = InFlight(0.3)
 
     scripted = ScriptedModel([], default=slow)
 
@@ -159,7 +148,7 @@ def test_acomplete_requests_run_concurrently():
     with serving(scripted) as url:
         results = asyncio.run(four(fast_client(url)))
     assert [r.text for r in results] == ["ok"] * 4
-    assert in_flight[1] == 4, f"only {in_flight[1]} of four calls overlapped"
+    assert slow.peak == 4, f"only {slow.peak} of four calls overlapped"
 
 
 async def complete_once(model: OpenAIModel, messages: list[Message]):

@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from http_fixtures import running_server, serving
+from http_fixtures import InFlight, running_server, serving
 from toolself.models.base import Completion, Message, SyncModelBase, ToolCall, Usage
 from toolself.models.openai_compat import OpenAIModel
 from toolself.models.scripted import ScriptedModel, call
@@ -183,17 +182,7 @@ def test_concurrent_requests_reach_the_model_concurrently():
 
 
 def test_concurrent_requests_to_a_blocking_model_overlap_beyond_the_cpu_count():
-    lock = threading.Lock()
-    in_flight = [0, 0]  # now, peak
-
-    def slow(messages, tools):
-        with lock:
-            in_flight[0] += 1
-            in_flight[1] = max(in_flight[1], in_flight[0])
-        time.sleep(0.3)
-        with lock:
-            in_flight[0] -= 1
-        return "ok"
+    slow = InFlight(0.3)
 
     async def burst(url: str) -> list[int]:
         async with httpx.AsyncClient(timeout=10) as client:
@@ -205,7 +194,7 @@ def test_concurrent_requests_to_a_blocking_model_overlap_beyond_the_cpu_count():
         codes = asyncio.run(burst(url))
     assert codes == [200] * 24
     # asyncio's default executor has min(32, cpus + 4) = 6 threads on 2 cores.
-    assert in_flight[1] > 6, f"at most {in_flight[1]} blocking calls overlapped"
+    assert slow.peak > 6, f"at most {slow.peak} blocking calls overlapped"
 
 
 def test_streaming_is_read_by_the_openai_sdk():
