@@ -3,7 +3,6 @@ using the tools its family needs."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import time

@@ -63,6 +63,8 @@ def eval_command(
     max_tokens: int = typer.Option(200_000, help="Most prompt + completion tokens per attempt."),
     context_budget: Optional[int] = typer.Option(None, help="Visible-context budget in the model's tokens."),
     temperature: float = typer.Option(0.0, help="Sampling temperature of the policy (0: greedy)."),
+    dtype: str = typer.Option("float32", help="Embedded / local models: float32 (exactly reproducible) or bfloat16 "
+                                              "(about 1.5-2.5x faster on CPU)."),
     force: bool = typer.Option(False, help="Add to an output folder made under other settings."),
     report: bool = typer.Option(True, help="Write the report into OUT/report when the run ends."),
     backend: str = typer.Option("local", help="Where attempts run: local (threads here) | ray (Ray tasks)."),
@@ -84,7 +86,7 @@ def eval_command(
         settings["context_budget"] = context_budget
     options = {}
     if model == "embedded" or model.startswith("local:"):
-        options = {"temperature": temperature, "seed": seed}
+        options = {"temperature": temperature, "seed": seed, "dtype": dtype}
     elif model.startswith("openai:") and temperature:
         options = {"temperature": temperature}
     try:
