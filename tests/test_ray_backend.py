@@ -116,16 +116,15 @@ def attempt_workers() -> list[int]:
     return pids
 
 
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds Ray workers through /proc")
-def test_an_attempt_whose_worker_is_killed_is_rerun_and_recorded_once(tmp_path, cluster):
-    spec = write_tasks(tmp_path / "tasks.jsonl", 6)
+def evaluate_killing_one_worker(spec: str, out: Path, concurrency: int, max_retries: int):
+    """Run an evaluation on Ray and SIGKILL the first worker seen running an attempt."""
     slow = lambda messages, tools: policy(messages, tools, delay=0.3)  # noqa: E731
     outcome: dict = {}
     with serving(ScriptedModel([], default=slow)) as url:
         def evaluate() -> None:
-            outcome["summary"] = run_eval([spec], ["toolself"], f"openai:scripted@{url}", tmp_path / "out",
-                                          concurrency=2, timeout=60, progress=False, pool=POOL,
-                                          backend=RayBackend(num_cpus=1, max_retries=2))
+            outcome["summary"] = run_eval([spec], ["toolself"], f"openai:scripted@{url}", out,
+                                          concurrency=concurrency, timeout=60, progress=False, pool=POOL,
+                                          backend=RayBackend(num_cpus=1, max_retries=max_retries))
 
         thread = threading.Thread(target=evaluate)
         thread.start()
@@ -136,10 +135,16 @@ def test_an_attempt_whose_worker_is_killed_is_rerun_and_recorded_once(tmp_path, 
         os.kill(busy[0], signal.SIGKILL)
         thread.join(timeout=120)
     assert not thread.is_alive()
+    return outcome["summary"]
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds Ray workers through /proc")
+def test_an_attempt_whose_worker_is_killed_is_rerun_and_recorded_once(tmp_path, cluster):
+    spec = write_tasks(tmp_path / "tasks.jsonl", 6)
+    summary = evaluate_killing_one_worker(spec, tmp_path / "out", concurrency=2, max_retries=2)
     lines = (tmp_path / "out" / "toolself" / "results.jsonl").read_text().splitlines()
     keys = [(json.loads(line)["task_id"], json.loads(line)["repeat"]) for line in lines]
     assert sorted(keys) == sorted((f"t{i}", 0) for i in range(6))
-    summary = outcome["summary"]
     assert summary.ran == 6
     assert summary.status == {"ok": 6, "timeout": 0, "error": 0}  # the lost attempt ran again (max_retries)
     assert {r.task_id for r in summary.records if r.correct} == {"t0", "t2", "t4"}
@@ -147,23 +152,7 @@ def test_an_attempt_whose_worker_is_killed_is_rerun_and_recorded_once(tmp_path, 
 
 def test_an_attempt_whose_worker_is_killed_with_no_retries_left_is_an_error_record(tmp_path, cluster):
     spec = write_tasks(tmp_path / "tasks.jsonl", 3)
-    slow = lambda messages, tools: policy(messages, tools, delay=0.3)  # noqa: E731
-    outcome: dict = {}
-    with serving(ScriptedModel([], default=slow)) as url:
-        def evaluate() -> None:
-            outcome["summary"] = run_eval([spec], ["toolself"], f"openai:scripted@{url}", tmp_path / "out",
-                                          concurrency=1, timeout=60, progress=False, pool=POOL,
-                                          backend=RayBackend(num_cpus=1, max_retries=0))
-
-        thread = threading.Thread(target=evaluate)
-        thread.start()
-        deadline = time.monotonic() + 60
-        while not (busy := attempt_workers()):
-            assert time.monotonic() < deadline and thread.is_alive(), "no Ray worker ran an attempt"
-            time.sleep(0.05)
-        os.kill(busy[0], signal.SIGKILL)
-        thread.join(timeout=120)
-    summary = outcome["summary"]
+    summary = evaluate_killing_one_worker(spec, tmp_path / "out", concurrency=1, max_retries=0)
     assert summary.ran == 3 and summary.status == {"ok": 2, "timeout": 0, "error": 1}
     lost = next(r for r in summary.records if r.status == "error")
     assert "WorkerCrashedError" in lost.error or "died" in lost.error
