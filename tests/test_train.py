@@ -189,3 +189,29 @@ def test_a_data_step_with_nothing_to_train_on_stays_unfinished(tmp_path, student
         run_cat(settings, tmp_path, echo=lambda line: None)
     state = json.loads((tmp_path / "state.json").read_text())
     assert list(state["steps"]) == ["collect_teacher"]
+
+
+def test_the_compact_head_scores_exactly_what_trls_fused_head_scores(student):
+    import torch
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    from toolself.train.compact_head import use_compact_head
+
+    model = AutoModelForCausalLM.from_pretrained(str(student), dtype=torch.float32)
+    add_fused_lm_head(model, outputs=("log_probs", "entropy", "mean_logits", "is_top1"))
+    ids = torch.randint(0, 1000, (2, 24), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    labels[0, :15] = D.IGNORE  # a prompt, then a reply
+    labels[1, :20] = D.IGNORE
+    with torch.no_grad():
+        tiled = model(input_ids=ids, labels=labels, fused_lm_head=True)
+        assert use_compact_head(model)
+        compact = model(input_ids=ids, labels=labels, fused_lm_head=True)
+        plain = model(input_ids=ids).logits  # calls without the fused head are untouched
+    assert plain.shape == (2, 24, model.config.vocab_size)
+    assert torch.equal(compact.label_mask, labels[:, 1:] != D.IGNORE)
+    for field in ("log_probs", "entropy", "mean_logits"):
+        assert torch.allclose(getattr(compact, field), getattr(tiled, field), atol=1e-4), field
+    assert torch.equal(compact.is_top1, tiled.is_top1)
+    assert float(compact.loss) == pytest.approx(float(tiled.loss), abs=1e-5)

@@ -74,6 +74,9 @@ def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int,
     from accelerate import PartialState
     from transformers.trainer_utils import get_last_checkpoint
 
+    from toolself.train.compact_head import use_compact_head
+
+    use_compact_head(trainer.model)
     output_dir = trainer.args.output_dir
     checkpoint = get_last_checkpoint(output_dir) if resume and Path(output_dir).is_dir() else None
     if checkpoint is None and PartialState().is_main_process:  # a fresh run: a fresh log
