@@ -215,3 +215,21 @@ def test_the_compact_head_scores_exactly_what_trls_fused_head_scores(student):
         assert torch.allclose(getattr(compact, field), getattr(tiled, field), atol=1e-4), field
     assert torch.equal(compact.is_top1, tiled.is_top1)
     assert float(compact.loss) == pytest.approx(float(tiled.loss), abs=1e-5)
+
+
+def test_lora_layers_adapts_only_the_top_layers_and_leaves_the_rest_without_gradients(student):
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from toolself.train.lora import LoraArguments
+
+    model = AutoModelForCausalLM.from_pretrained(str(student), dtype=torch.float32)
+    total = model.config.num_hidden_layers
+    peft = get_peft_model(model, LoraArguments(lora_layers=2).peft_config(model))
+    adapted = {int(name.split(".layers.")[1].split(".")[0]) for name, p in peft.named_parameters() if p.requires_grad}
+    assert adapted == {total - 2, total - 1}
+    kinds = {name.split(".lora_")[0].rsplit(".", 1)[-1] for name, p in peft.named_parameters() if p.requires_grad}
+    assert kinds == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    with pytest.raises(ValueError, match="needs the model"):
+        LoraArguments(lora_layers=2).peft_config()

@@ -44,8 +44,15 @@ class LoraArguments:
                           "fine-tuning; or a comma-separated list of module names."},
     )
 
-    def peft_config(self):
-        """The peft `LoraConfig`, or None for full fine-tuning."""
+    lora_layers: int = field(
+        default=0,
+        metadata={"help": "Adapt only the top N decoder layers (0: all). The layers below then need no backward "
+                          "pass: with 12 of the 135M model's 30 layers a CPU training step took half the time."},
+    )
+
+    def peft_config(self, model: Any = None):
+        """The peft `LoraConfig`, or None for full fine-tuning. `model` is needed only to place
+        `lora_layers`."""
         if self.full_finetune:
             return None
         from peft import LoraConfig
@@ -53,8 +60,26 @@ class LoraArguments:
         targets: Any = self.lora_target_modules
         if targets != "all-linear":
             targets = [t.strip() for t in targets.split(",") if t.strip()]
+        layers = None
+        if self.lora_layers:
+            if model is None:
+                raise ValueError("lora_layers needs the model to find its layers")
+            total = model.config.num_hidden_layers
+            layers = list(range(max(0, total - self.lora_layers), total))
+            if targets == "all-linear":  # peft places layers only for named modules
+                targets = linear_module_names(model)
         return LoraConfig(r=self.lora_r, lora_alpha=self.lora_alpha, lora_dropout=self.lora_dropout,
-                          target_modules=targets, bias="none", task_type="CAUSAL_LM")
+                          target_modules=targets, layers_to_transform=layers, bias="none", task_type="CAUSAL_LM")
+
+
+def linear_module_names(model: Any) -> list[str]:
+    """The names of the decoder's linear projections (what peft's `all-linear` means: every
+    linear layer but the output head)."""
+    import torch
+
+    head = model.get_output_embeddings()
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                   if isinstance(module, torch.nn.Linear) and module is not head})
 
 
 def accelerator_defaults(config: Any) -> None:

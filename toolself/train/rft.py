@@ -63,7 +63,7 @@ def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTC
     collator = CountingCollator(DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id))
     log = JsonlLog(log_path, collator, stage="rft", extra={"examples": len(dataset), "base": str(base)})
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
-                         data_collator=collator, peft_config=config.peft_config(), callbacks=[log])
+                         data_collator=collator, peft_config=config.peft_config(model), callbacks=[log])
     return run_trainer(trainer, collator, out_dir, log_path, len(dataset), resume)
 
 
