@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 STEPS = ("collect_teacher", "data_sft", "rft", "collect_policy", "data_kto", "kto", "evaluate")
 STATE_FILE = "state.json"
+EVALUATED = ("student", "rft", "kto")
 
 
 @dataclass
@@ -35,6 +36,7 @@ class CATSettings:
     """What defines a CAT run (compared on resume)."""
 
     tasks: list[str]
+    method: str = "toolself"
     teacher: str = "expert"
     student: str = "embedded"
     teacher_samples: int = 4
@@ -42,6 +44,7 @@ class CATSettings:
     limit: int | None = None
     eval_tasks: list[str] | None = None
     eval_limit: int | None = None
+    eval_seed: int = 0
     temperature: float = 0.7
     seed: int = 0
     max_length: int = 16384
@@ -50,9 +53,22 @@ class CATSettings:
     kto: dict[str, Any] = field(default_factory=dict)
     concurrency: int = 4
     timeout: float | None = 600.0
+    dtype: str = "float32"
+    evaluate: tuple[str, ...] = EVALUATED
+
+    def __post_init__(self) -> None:
+        from toolself.variants import settings_for
+
+        settings_for(self.method)  # an unknown method fails here, before any work
+        self.evaluate = tuple(self.evaluate)
+        unknown = set(self.evaluate) - set(EVALUATED)
+        if unknown:
+            raise ValueError(f"unknown models to evaluate {sorted(unknown)}; choose from {list(EVALUATED)}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["evaluate"] = list(self.evaluate)
+        return d
 
 
 class PipelineMismatch(ValueError):
@@ -134,12 +150,12 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
 
     def step_collect_teacher() -> dict[str, Any]:
         return collect(settings.tasks, settings.teacher, out / "collect" / "teacher", settings.teacher_samples,
-                       split="train", limit=settings.limit, temperature=settings.temperature, seed=settings.seed,
+                       method=settings.method, split="train", limit=settings.limit, temperature=settings.temperature, seed=settings.seed,
                        concurrency=settings.concurrency, timeout=settings.timeout,
-                       settings=agent_overrides(settings), backend=backend).to_dict()
+                       settings=agent_overrides(settings), backend=backend, dtype=settings.dtype).to_dict()
 
     def step_data_sft() -> dict[str, Any]:
-        trajectories, schemas = load_any(out / "collect" / "teacher")
+        trajectories, schemas = load_any(out / "collect" / "teacher", settings.method)
         r = D.Renderer(renderer(), schemas)
         dataset, stats = D.build_sft_dataset(trajectories, r, settings.max_length)
         if len(dataset) == 0:
@@ -160,12 +176,12 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
 
     def step_collect_policy() -> dict[str, Any]:
         return collect(settings.tasks, f"local:{rft_dir}", out / "collect" / "policy", settings.policy_samples,
-                       split="train", limit=settings.limit, temperature=settings.temperature, seed=settings.seed,
+                       method=settings.method, split="train", limit=settings.limit, temperature=settings.temperature, seed=settings.seed,
                        concurrency=settings.concurrency, timeout=settings.timeout,
-                       settings=agent_overrides(settings), backend=backend).to_dict()
+                       settings=agent_overrides(settings), backend=backend, dtype=settings.dtype).to_dict()
 
     def step_data_kto() -> dict[str, Any]:
-        trajectories, schemas = load_any(out / "collect" / "policy")
+        trajectories, schemas = load_any(out / "collect" / "policy", settings.method)
         r = D.Renderer(renderer(), schemas)
         dataset, stats, weights = D.build_kto_dataset(trajectories, r, settings.max_length)
         if len(dataset) < 2:
@@ -192,12 +208,13 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
         models = {"student": "embedded" if settings.student in ("embedded", "default") else f"local:{student}",
                   "rft": f"local:{rft_dir}", "kto": f"local:{kto_dir}"}
         results = {}
-        for name, spec in models.items():
-            summary = run_eval(settings.eval_tasks or settings.tasks, ["toolself"], spec, out / "eval" / name,
-                               split="heldout", limit=settings.eval_limit, seed=settings.seed,
+        for name in settings.evaluate:
+            summary = run_eval(settings.eval_tasks or settings.tasks, [settings.method], models[name], out / "eval" / name,
+                               split="heldout", limit=settings.eval_limit, seed=settings.eval_seed,
                                concurrency=settings.concurrency, timeout=settings.timeout,
-                               settings=agent_overrides(settings), backend=backend)
-            results[name] = summary.accuracy().get("toolself", {})
+                               settings=agent_overrides(settings), backend=backend,
+                               model_options={"dtype": settings.dtype})
+            results[name] = summary.accuracy().get(settings.method, {})
         return results
 
     bodies = {"collect_teacher": step_collect_teacher, "data_sft": step_data_sft, "rft": step_rft,
