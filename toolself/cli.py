@@ -21,7 +21,11 @@ DEMO_ANSWER = "Harrowgate"
 
 @dataclass
 class ModelDefaults:
-    """Budgets that suit a model: a 135M model on a CPU needs short contexts and bounded text."""
+    """Budgets that suit a model: a 135M model on a CPU needs short contexts and bounded text.
+    The bound on a configuration's free text (600 characters) stops a small model that never
+    closes a string, yet leaves room for the strategies it is trained to write (the expert
+    teacher's run to ~510 characters; at 300 a trained student was cut off mid-strategy by the
+    grammar and then lost the thread of the rest of its configuration)."""
 
     context_budget: int
     config_max_text: int | None
@@ -30,7 +34,7 @@ class ModelDefaults:
 
 def model_defaults(spec: str) -> ModelDefaults:
     if spec == "embedded" or spec.startswith("local:"):
-        return ModelDefaults(context_budget=3000, config_max_text=300, max_tokens_per_call=384)
+        return ModelDefaults(context_budget=3000, config_max_text=600, max_tokens_per_call=384)
     return ModelDefaults(context_budget=16_000, config_max_text=None, max_tokens_per_call=None)
 
 
