@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup browser ray demo test test-fast clean
+.PHONY: setup browser ray demo cat-demo test test-fast clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,10 @@ ray: setup
 
 demo: setup
 	$(VENV)/bin/toolself demo
+
+# CAT on this CPU: ToolSelf and vanilla, one seed, table in docs/results/cat-cpu.md (resumable: rerun to continue).
+cat-demo: setup
+	$(VENV)/bin/toolself train study --preset demo --out runs/cat-study --results docs/results/cat-cpu.md
 
 test: setup browser ray
 	$(PY) -m pytest -q

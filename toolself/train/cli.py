@@ -319,6 +319,8 @@ def cat_command(
     teacher_samples: int = typer.Option(4, help="Teacher attempts per task (RFT)."),
     policy_samples: int = typer.Option(4, help="RFT-policy attempts per task (KTO)."),
     limit: Optional[int] = typer.Option(None, help="At most this many training tasks per spec."),
+    policy_limit: Optional[int] = typer.Option(None, help="Training tasks per spec for the on-policy collection "
+                                                          "(default: --limit)."),
     eval_tasks: list[str] = typer.Option([], help="Specs for the final evaluation (default: --tasks), held-out split."),
     eval_limit: Optional[int] = typer.Option(None, help="At most this many evaluation tasks per spec."),
     temperature: float = typer.Option(0.7, help="Sampling temperature of model collections."),
@@ -326,6 +328,10 @@ def cat_command(
     concurrency: int = typer.Option(4),
     timeout: float = typer.Option(600.0),
     max_length: int = typer.Option(16384),
+    method: str = typer.Option("toolself", help="The agent trained and evaluated: toolself, or vanilla (the "
+                                                "static-configuration control)."),
+    dtype: str = typer.Option("float32", help="Embedded / local models in collection and evaluation: float32 "
+                                              "(reproducible) or bfloat16 (~2x faster prefill on CPUs with AMX)."),
     rft_options: str = typer.Option("{}", help='RFTConfig fields as JSON, e.g. \'{"num_train_epochs": 3}\'.'),
     kto_options: str = typer.Option("{}", help='KTOConfig fields as JSON, e.g. \'{"beta": 0.2}\'.'),
     agent_options: str = typer.Option("{}", help='Agent budgets as JSON, e.g. \'{"max_stages": 4}\'.'),
@@ -341,12 +347,15 @@ def cat_command(
 
     try:
         settings = CATSettings(tasks=_split(tasks), teacher=teacher, student=student, teacher_samples=teacher_samples,
-                               policy_samples=policy_samples, limit=limit, eval_tasks=_split(eval_tasks) or None,
+                               policy_samples=policy_samples, limit=limit, policy_limit=policy_limit, eval_tasks=_split(eval_tasks) or None,
                                eval_limit=eval_limit, temperature=temperature, seed=seed, max_length=max_length,
+                               method=method, dtype=dtype,
                                agent=json.loads(agent_options), rft=json.loads(rft_options),
                                kto=json.loads(kto_options), concurrency=concurrency, timeout=timeout)
     except json.JSONDecodeError as exc:
         _fail(f"an --*-options value is not JSON: {exc}")
+    except ValueError as exc:
+        _fail(str(exc))
     try:
         results = run_cat(settings, out, force=force, stop_after=stop_after,
                           echo=lambda line: console.print(line, markup=False, highlight=False),
@@ -355,6 +364,45 @@ def cat_command(
         _fail(str(exc))
     if "evaluate" in results:
         console.print_json(json.dumps(results["evaluate"]))
+
+
+@train_app.command("study")
+def study_command(
+    out: Path = typer.Option(Path("runs/cat-study"), "--out", "-o", help="Study folder (rerun to resume)."),
+    preset: str = typer.Option("demo", help="Scale: demo (one seed, the `make cat-demo` run) | full (three seeds)."),
+    seeds: Optional[str] = typer.Option(None, help="Comma-separated training seeds (default: the preset's)."),
+    results: Optional[Path] = typer.Option(None, help="Also write the table into this Markdown file (between "
+                                                      "markers; the rest of the file is kept), plots beside it."),
+    concurrency: Optional[int] = typer.Option(None, help="Attempts in flight (default: the preset's)."),
+    force: bool = typer.Option(False, help="Continue a folder made with other settings."),
+    backend: str = typer.Option("local", help="Where collection and evaluation attempts run: local | ray."),
+    address: Optional[str] = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001)."),
+) -> None:
+    """The paper's training claim on the built-in suites: CAT for ToolSelf and for the vanilla
+    agent (same teacher, budget, recipe), trained on research, data and code, evaluated on all
+    four held-out suites; prints and writes the table."""
+    from toolself.train.pipeline import PipelineMismatch
+    from toolself.train.study import PRESETS, publish, run_study
+
+    if preset not in PRESETS:
+        _fail(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
+    settings = PRESETS[preset]()
+    if seeds:
+        try:
+            settings.seeds = [int(x) for x in seeds.split(",") if x.strip()]
+        except ValueError:
+            _fail(f"--seeds takes comma-separated integers, not {seeds!r}")
+    if concurrency is not None:
+        settings.cat["concurrency"] = concurrency
+    try:
+        summary = run_study(settings, out, force=force, backend=_backend(backend, address, 1.0),
+                            echo=lambda line: console.print(line, markup=False, highlight=False))
+    except (PipelineMismatch, ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    console.print(summary["markdown"], markup=False, highlight=False)
+    console.print(f"table: {out / 'results.md'}   plots: {out / 'accuracy.png'}")
+    if results is not None:
+        console.print(f"written into {publish(out, results, summary['markdown'])}")
 
 
 @train_app.command()

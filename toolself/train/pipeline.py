@@ -42,6 +42,7 @@ class CATSettings:
     teacher_samples: int = 4
     policy_samples: int = 4
     limit: int | None = None
+    policy_limit: int | None = None  # tasks per spec for the on-policy collection (default: limit)
     eval_tasks: list[str] | None = None
     eval_limit: int | None = None
     eval_seed: int = 0
@@ -175,8 +176,9 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
         return result.to_dict()
 
     def step_collect_policy() -> dict[str, Any]:
+        limit = settings.policy_limit if settings.policy_limit is not None else settings.limit
         return collect(settings.tasks, f"local:{rft_dir}", out / "collect" / "policy", settings.policy_samples,
-                       method=settings.method, split="train", limit=settings.limit, temperature=settings.temperature, seed=settings.seed,
+                       method=settings.method, split="train", limit=limit, temperature=settings.temperature, seed=settings.seed,
                        concurrency=settings.concurrency, timeout=settings.timeout,
                        settings=agent_overrides(settings), backend=backend, dtype=settings.dtype).to_dict()
 
