@@ -1,12 +1,18 @@
 """Training throughput of CAT's two stages on the embedded model, on this machine.
 
     python benchmarks/train.py [--steps 3] [--max-length 512] [--batch-size 2]
+    python benchmarks/train.py --compare [--steps 4] [--max-length 2048]
 
 Each stage runs in its own process (so each peak memory is its own): RFT (SFTTrainer + LoRA)
 and KTO (KTOTrainer + LoRA, reference = the adapter-disabled model) on examples built from the
 expert teacher's trajectories on built-in research tasks, cut to `--max-length` tokens. Prints
 one JSON object: tokens per second (real, unpadded tokens of the trained sequences; KTO's extra
 KL sequences are reported apart), seconds, and peak resident memory (ru_maxrss) per stage.
+
+`--compare` runs RFT alone in three set-ups side by side on the same sequences: `before` (fp32,
+gradient checkpointing, TRL's tiled head over every position, 2 sequences per step), `default`
+(this machine's defaults: bf16 where the CPU has it, the compact head, 1 sequence per step
+without recomputation) and `default + lora_layers=12`.
 """
 
 from __future__ import annotations
@@ -24,26 +30,14 @@ from pathlib import Path
 
 
 def trajectories():
-    from toolself.agent import Agent, AgentSettings
-    from toolself.evals.loaders import load_tasks
     from toolself.evals.runner import default_pool
-    from toolself.evals.scorers import score
-    from toolself.evals.teacher import ExpertTeacher
+    from toolself.evals.teacher import scored_attempts
 
     pool = default_pool()
-    out = []
-    for i, task in enumerate(load_tasks("builtin:research?hops=2", split="train", limit=6)):
-        for noise in (0.0, 1.0):
-            teacher = ExpertTeacher(task, noise=noise, seed=i)
-            with task.environment(model=teacher) as env:
-                t = Agent(teacher, pool, AgentSettings(context_budget=3000)).run(task.question, ctx=env.context,
-                                                                                  task_id=task.id)
-                t.metadata["correct"] = bool(score(task, t.answer, env).correct)
-            out.append(t)
-    return out, pool
+    return scored_attempts("builtin:research?hops=2", limit=6, noises=(0.0, 1.0), pool=pool), pool
 
 
-def phase(name: str, steps: int, max_length: int, batch_size: int) -> dict:
+def phase(name: str, steps: int, max_length: int, batch_size: int, setup: str | None = None) -> dict:
     from transformers import AutoTokenizer
 
     from toolself.models.local import default_model_dir
@@ -54,13 +48,22 @@ def phase(name: str, steps: int, max_length: int, batch_size: int) -> dict:
     renderer = D.Renderer(AutoTokenizer.from_pretrained(str(student)), D.tool_schemas(pool))
     common = dict(max_steps=steps, per_device_train_batch_size=batch_size, gradient_accumulation_steps=1,
                   warmup_steps=0, disable_tqdm=True)
+    if setup is not None:
+        options = dict(SETUPS[setup])
+        if options.pop("tiled_head", False):
+            import toolself.train.compact_head as compact
+
+            compact.use_compact_head = lambda model: False  # read by the trainer at call time
+        common.update(options)
+        common["max_steps"] = max(1, steps // common["per_device_train_batch_size"])
+        batch_size = common["per_device_train_batch_size"]
     with tempfile.TemporaryDirectory() as tmp:
         if name == "rft":
             from toolself.train.rft import train_rft
             from toolself.train.rft_config import RFTConfig
 
             dataset, _ = D.build_sft_dataset(found, renderer, max_length=max_length)
-            dataset = dataset.select(range(min(len(dataset), steps * batch_size)))
+            dataset = dataset.select(range(min(len(dataset), common["max_steps"] * batch_size)))
             result = train_rft(dataset, student, Path(tmp) / "out", RFTConfig(output_dir=tmp + "/ck", **common))
         else:
             from toolself.train.kto import train_kto
@@ -83,10 +86,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--max-length", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--compare", action="store_true", help="RFT in three set-ups side by side")
     parser.add_argument("--phase", choices=["rft", "kto"], help=argparse.SUPPRESS)
+    parser.add_argument("--setup", choices=list(SETUPS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase:
-        print(json.dumps(phase(args.phase, args.steps, args.max_length, args.batch_size)))
+        print(json.dumps(phase(args.phase, args.steps, args.max_length, args.batch_size, args.setup)))
         return
     import torch
 
@@ -96,16 +101,20 @@ def main() -> None:
                           "device": "cuda" if torch.cuda.is_available() else "cpu"},
               "settings": {"steps": args.steps, "max_length": args.max_length, "batch_size": args.batch_size,
                            "lora": "r=16, alpha=32, all linear layers", "model": "SmolLM2-135M-Instruct (fp32)"}}
-    for name in ("rft", "kto"):
+    runs = [(s, "rft", ["--setup", s]) for s in SETUPS] if args.compare else [(n, n, []) for n in ("rft", "kto")]
+    for key, name, extra in runs:
         started = time.perf_counter()
         done = subprocess.run([sys.executable, __file__, "--phase", name, "--steps", str(args.steps),
-                               "--max-length", str(args.max_length), "--batch-size", str(args.batch_size)],
+                               "--max-length", str(args.max_length), "--batch-size", str(args.batch_size), *extra],
                               capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            report[name] = {"error": done.stderr[-2000:]}
+            report[key] = {"error": done.stderr[-2000:]}
             continue
-        report[name] = json.loads(done.stdout.strip().splitlines()[-1])
-        report[name]["wall_seconds"] = round(time.perf_counter() - started, 1)
+        report[key] = json.loads(done.stdout.strip().splitlines()[-1])
+        report[key]["wall_seconds"] = round(time.perf_counter() - started, 1)
+    if args.compare and "tokens_per_second" in report.get("before", {}):
+        report["speedup_over_before"] = {s: round(report[s]["tokens_per_second"] / report["before"]["tokens_per_second"], 2)
+                                         for s in SETUPS if "tokens_per_second" in report.get(s, {})}
     print(json.dumps(report, indent=2))
 
 

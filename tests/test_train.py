@@ -33,22 +33,11 @@ def student():
 
 @pytest.fixture(scope="module")
 def trajectories():
-    from toolself.agent import Agent, AgentSettings
-    from toolself.evals.loaders import load_tasks
     from toolself.evals.runner import default_pool
-    from toolself.evals.scorers import score
-    from toolself.evals.teacher import ExpertTeacher
+    from toolself.evals.teacher import scored_attempts
 
     pool = default_pool()
-    out = []
-    for i, task in enumerate(load_tasks("builtin:research?hops=2", split="train", limit=6)):
-        for noise in (0.0, 1.0):
-            teacher = ExpertTeacher(task, noise=noise, seed=i)
-            with task.environment(model=teacher) as env:
-                t = Agent(teacher, pool, AgentSettings(context_budget=3000)).run(task.question, ctx=env.context,
-                                                                                  task_id=task.id)
-                t.metadata["correct"] = bool(score(task, t.answer, env).correct)
-            out.append(t)
+    out = scored_attempts("builtin:research?hops=2", limit=6, noises=(0.0, 1.0), pool=pool)
     assert {D.outcome(t) for t in out} == {True, False}
     return out, D.tool_schemas(pool)
 

@@ -481,3 +481,26 @@ class ExpertTeacher(SyncModelBase):
     def _wrong_turn(self) -> bool:
         taken = sum(1 for e in self.events if e.kind == "wrong_turn")
         return taken < MAX_WRONG_TURNS and self.noise > 0 and self.rng.random() < self.noise
+
+
+def scored_attempts(spec: str, *, limit: int, noises: tuple[float, ...] = (0.0,), split: str = "train",
+                    pool: Any = None, context_budget: int = 3000) -> list[Any]:
+    """The teacher's attempts at the first `limit` tasks of `spec`, once per noise level,
+    run through the real agent loop and tools and scored (`metadata["correct"]`): training
+    data for tests and benchmarks without a runner folder."""
+    from toolself.agent import Agent, AgentSettings
+    from toolself.evals.loaders import load_tasks
+    from toolself.evals.runner import default_pool
+    from toolself.evals.scorers import score
+
+    pool = pool if pool is not None else default_pool()
+    out = []
+    for i, task in enumerate(load_tasks(spec, split=split, limit=limit)):
+        for noise in noises:
+            teacher = ExpertTeacher(task, noise=noise, seed=i)
+            with task.environment(model=teacher) as env:
+                t = Agent(teacher, pool, AgentSettings(context_budget=context_budget)).run(
+                    task.question, ctx=env.context, task_id=task.id)
+                t.metadata["correct"] = bool(score(task, t.answer, env).correct)
+            out.append(t)
+    return out
