@@ -124,3 +124,34 @@ def test_unconstrained_calls_have_no_grammar_and_equal_constraints_share_one(gra
     assert grammar_key(None, None) is None
     assert grammars.matcher(None, None) is None
     assert grammars.compiled(TOOLS, None) is grammars.compiled(json.loads(json.dumps(TOOLS)), None)
+
+
+def test_every_configuration_the_expert_teacher_writes_is_one_the_constrained_student_can_write(grammars):
+    """The student is trained on the teacher's configurations and then decodes under the
+    schema's grammar, which fixes the field order and bounds the text: a teacher configuration
+    the grammar rejects is one the student can never reproduce."""
+    from toolself.cli import model_defaults
+    from toolself.evals.runner import default_pool
+    from toolself.evals.teacher import scored_attempts
+
+    pool = default_pool()
+    max_text = model_defaults("embedded").config_max_text
+    schema = configuration_schema([t.name for t in pool], ["basic", "truncation"], max_text=max_text)
+    written = []
+    for suite in ("research", "data", "code", "mixed"):
+        for attempt in scored_attempts(f"builtin:{suite}", limit=3, noises=(0.0, 1.0), pool=pool):
+            conversations = [c for s in attempt.stages for c in (s.config_conversation, s.conversation) if c]
+            written += [m.content for c in conversations for m in c.messages
+                        if m.role == "assistant" and m.content.startswith('{"subgoal"')]
+    assert len(written) >= 24 and any('"knowledge": "summary"' in text for text in written)
+    for text in written:
+        assert accepts(grammars.matcher(None, schema), text), text
+
+
+def test_a_capped_string_may_hold_json_escapes_and_stays_capped(grammars):
+    schema = {"type": "object", "properties": {"code": {"type": "string", "maxLength": 12}},
+              "required": ["code"], "additionalProperties": False}
+    for value in ("a = 1\nb = 2", 'say "hi"', "C:\\dir", "x" * 12):
+        assert accepts(grammars.matcher(None, schema), json.dumps({"code": value})), value
+    assert not accepts(grammars.matcher(None, schema), json.dumps({"code": "x" * 13}))
+    assert not accepts(grammars.matcher(None, schema), '{"code": "bad \\q"}')

@@ -218,9 +218,12 @@ class ExpertTeacher(SyncModelBase):
         toolbox = [t for t in config.toolbox if self._pool_tools is None or t in self._pool_tools]
         modes = self._modes or ["basic"]
         data = {"subgoal": config.subgoal, "strategy": config.strategy, "toolbox": toolbox,
-                "knowledge": config.knowledge, "context_mode": config.context_mode if config.context_mode in modes else modes[0]}
-        if config.knowledge == "summary":
-            data["knowledge_summary"] = config.knowledge_summary
+                "knowledge": config.knowledge, "knowledge_summary": config.knowledge_summary,
+                "context_mode": config.context_mode if config.context_mode in modes else modes[0]}
+        if config.knowledge != "summary":
+            del data["knowledge_summary"]
+        # In the schema's field order: a student decoding under the schema's grammar can only
+        # write the fields in that order, so that is the order it must be trained on.
         return Message(role="assistant", content=json.dumps(data, ensure_ascii=False))
 
     def _generic_config(self) -> Config:
