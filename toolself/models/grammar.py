@@ -95,34 +95,13 @@ def tool_call_schema(tools: list[dict[str, Any]], max_string: int = DEFAULT_MAX_
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-# xgrammar's rule for a string with maxLength: N characters, none of them a quote, a backslash
-# or a line break, so no JSON escape at all. Code with two lines, a summary with a quotation or
-# a file's header row could then not be written by a constrained model, although a teacher it
-# learns from writes them; `_with_escapes` lets each of the N characters be an escape too.
-_BOUNDED_CHARACTER = '(([^\\"\\\\\\r\\n]))'
-_BOUNDED_CHARACTER_OR_ESCAPE = '(([^\\"\\\\\\r\\n]) | ("\\\\" [\\"\\\\/bfnrt]))'
-
-
-def _with_escapes(grammar):
-    import xgrammar as xgr
-
-    lines = str(grammar).splitlines()
-    changed = False
-    for i, line in enumerate(lines):
-        name, sep, body = line.partition(" ::= ")
-        if sep and name.endswith("_characters") and body == _BOUNDED_CHARACTER:
-            lines[i] = f"{name} ::= {_BOUNDED_CHARACTER_OR_ESCAPE}"
-            changed = True
-    return xgr.Grammar.from_ebnf("\n".join(lines)) if changed else grammar
-
-
 def _json_grammar(schema: dict[str, Any]):
     import xgrammar as xgr
 
     # One fixed layout (json.dumps's separators, no free whitespace): a small model cannot
     # wander off into whitespace, and the text matches how the protocol renders past calls.
-    return _with_escapes(xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False,
-                                                      separators=(", ", ": "), strict_mode=True))
+    return xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=(", ", ": "),
+                                        strict_mode=True)
 
 
 def _literal(text: str):
