@@ -150,3 +150,22 @@ def test_the_teacher_only_takes_built_in_tasks():
     task.family = "gaia"
     with pytest.raises(ValueError, match="built-in"):
         ExpertTeacher(task)
+
+
+def test_it_writes_configuration_fields_in_the_schemas_order(pool):
+    """A student decoding under the schema's grammar can only write the fields in the schema's
+    order (xgrammar keeps it), so that is the order it must be trained on."""
+    import json
+
+    from toolself.config import FIELDS
+
+    written = []
+    for suite in SUITES:
+        for task in load_tasks(f"builtin:{suite}", split="train", limit=2):
+            _, trajectory, _ = attempt(task, pool)
+            conversations = [c for s in trajectory.stages for c in (s.config_conversation, s.conversation) if c]
+            written += [json.loads(m.content) for c in conversations for m in c.messages
+                        if m.role == "assistant" and m.content.startswith('{"subgoal"')]
+    assert any(config.get("knowledge") == "summary" for config in written)
+    for config in written:
+        assert list(config) == [f for f in FIELDS if f in config]
