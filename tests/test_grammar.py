@@ -45,6 +45,10 @@ def call_text(name: str, arguments: dict) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
+NO_ESCAPES = ("xgrammar's rule for a string with maxLength admits no JSON escape (quote, backslash, line break); "
+              "widening it through an EBNF rewrite made each token mask ~4000x slower. See docs/results/cat-cpu.md.")
+
+
 def accepts(matcher, text: str) -> bool:
     return matcher.accept_string(text)
 
@@ -126,7 +130,7 @@ def test_unconstrained_calls_have_no_grammar_and_equal_constraints_share_one(gra
     assert grammars.compiled(TOOLS, None) is grammars.compiled(json.loads(json.dumps(TOOLS)), None)
 
 
-@pytest.mark.xfail(strict=True, reason="xgrammar's rule for a string with maxLength admits no JSON escape (quote, backslash, line break); widening it through an EBNF rewrite made each token mask ~4000x slower. See docs/results/cat-cpu.md.")
+@pytest.mark.xfail(strict=True, reason=NO_ESCAPES)
 def test_every_configuration_the_expert_teacher_writes_is_one_the_constrained_student_can_write(grammars):
     """The student is trained on the teacher's configurations and then decodes under the
     schema's grammar, which fixes the field order and bounds the text: a teacher configuration
@@ -149,7 +153,7 @@ def test_every_configuration_the_expert_teacher_writes_is_one_the_constrained_st
         assert accepts(grammars.matcher(None, schema), text), text
 
 
-@pytest.mark.xfail(strict=True, reason="xgrammar's rule for a string with maxLength admits no JSON escape (quote, backslash, line break); widening it through an EBNF rewrite made each token mask ~4000x slower. See docs/results/cat-cpu.md.")
+@pytest.mark.xfail(strict=True, reason=NO_ESCAPES)
 def test_a_capped_string_may_hold_json_escapes_and_stays_capped(grammars):
     schema = {"type": "object", "properties": {"code": {"type": "string", "maxLength": 12}},
               "required": ["code"], "additionalProperties": False}

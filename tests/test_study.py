@@ -63,7 +63,8 @@ def fill(out, s: StudySettings, wrong_on_seed: dict[int, set[str]]) -> None:
 
     for row in ROWS:
         for seed in s.seeds[:1] if row.model == "student" else s.seeds:
-            folder = out / "zero-shot" if row.model == "student" else pipeline_dir(out, row.method, seed) / "eval" / row.model
+            folder = (out / "zero-shot" if row.model == "student"
+                      else pipeline_dir(out, row.method, seed) / "eval" / row.model)
             run_eval(SUITES, [row.method], "expert", folder, split="heldout", limit=2, progress=False)
             path = folder / safe_name(row.method) / RESULTS
             records = read_records(path.parent)

@@ -347,7 +347,8 @@ def cat_command(
 
     try:
         settings = CATSettings(tasks=_split(tasks), teacher=teacher, student=student, teacher_samples=teacher_samples,
-                               policy_samples=policy_samples, limit=limit, policy_limit=policy_limit, eval_tasks=_split(eval_tasks) or None,
+                               policy_samples=policy_samples, limit=limit, policy_limit=policy_limit,
+                               eval_tasks=_split(eval_tasks) or None,
                                eval_limit=eval_limit, temperature=temperature, seed=seed, max_length=max_length,
                                method=method, dtype=dtype,
                                agent=json.loads(agent_options), rft=json.loads(rft_options),

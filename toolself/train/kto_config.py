@@ -54,7 +54,9 @@ class CATKTOConfig(_TRLKTOConfig, LoraArguments):
                                                                "always saved."})
     report_to: Any = field(default="none", metadata={"help": "Experiment trackers (the JSONL log is always written)."})
     bf16: bool | None = field(
-        default=None, metadata={"help": "bfloat16 mixed precision. Default: on where the GPU or CPU computes in it (AVX512-BF16 / AMX)."})
+        default=None,
+        metadata={"help": "bfloat16 mixed precision. Default: on where the GPU or CPU computes in it (AVX512-BF16 / "
+                          "AMX)."})
     seed: int = field(default=0, metadata={"help": "Random seed."})
 
     def __post_init__(self) -> None:

@@ -45,7 +45,7 @@ class CATSettings:
     policy_limit: int | None = None  # tasks per spec for the on-policy collection (default: limit)
     eval_tasks: list[str] | None = None
     eval_limit: int | None = None
-    eval_seed: int = 0
+    eval_seed: int = 0  # the held-out tasks' seed, fixed so that every training seed is tested alike
     temperature: float = 0.7
     seed: int = 0
     max_length: int = 16384
@@ -149,11 +149,14 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
 
         return AutoTokenizer.from_pretrained(str(student))
 
-    def step_collect_teacher() -> dict[str, Any]:
-        return collect(settings.tasks, settings.teacher, out / "collect" / "teacher", settings.teacher_samples,
-                       method=settings.method, split="train", limit=settings.limit, temperature=settings.temperature, seed=settings.seed,
+    def collect_train(model: str, folder: str, samples: int, limit: int | None) -> dict[str, Any]:
+        return collect(settings.tasks, model, out / "collect" / folder, samples, method=settings.method,
+                       split="train", limit=limit, temperature=settings.temperature, seed=settings.seed,
                        concurrency=settings.concurrency, timeout=settings.timeout,
                        settings=agent_overrides(settings), backend=backend, dtype=settings.dtype).to_dict()
+
+    def step_collect_teacher() -> dict[str, Any]:
+        return collect_train(settings.teacher, "teacher", settings.teacher_samples, settings.limit)
 
     def step_data_sft() -> dict[str, Any]:
         trajectories, schemas = load_any(out / "collect" / "teacher", settings.method)
@@ -177,10 +180,7 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
 
     def step_collect_policy() -> dict[str, Any]:
         limit = settings.policy_limit if settings.policy_limit is not None else settings.limit
-        return collect(settings.tasks, f"local:{rft_dir}", out / "collect" / "policy", settings.policy_samples,
-                       method=settings.method, split="train", limit=limit, temperature=settings.temperature, seed=settings.seed,
-                       concurrency=settings.concurrency, timeout=settings.timeout,
-                       settings=agent_overrides(settings), backend=backend, dtype=settings.dtype).to_dict()
+        return collect_train(f"local:{rft_dir}", "policy", settings.policy_samples, limit)
 
     def step_data_kto() -> dict[str, Any]:
         trajectories, schemas = load_any(out / "collect" / "policy", settings.method)
@@ -211,8 +211,8 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
                   "rft": f"local:{rft_dir}", "kto": f"local:{kto_dir}"}
         results = {}
         for name in settings.evaluate:
-            summary = run_eval(settings.eval_tasks or settings.tasks, [settings.method], models[name], out / "eval" / name,
-                               split="heldout", limit=settings.eval_limit, seed=settings.eval_seed,
+            summary = run_eval(settings.eval_tasks or settings.tasks, [settings.method], models[name],
+                               out / "eval" / name, split="heldout", limit=settings.eval_limit, seed=settings.eval_seed,
                                concurrency=settings.concurrency, timeout=settings.timeout,
                                settings=agent_overrides(settings), backend=backend,
                                model_options={"dtype": settings.dtype})
