@@ -37,6 +37,13 @@ def trajectories():
     return scored_attempts("builtin:research?hops=2", limit=6, noises=(0.0, 1.0), pool=pool), pool
 
 
+SETUPS = {
+    "before": {"bf16": False, "gradient_checkpointing": True, "per_device_train_batch_size": 2, "tiled_head": True},
+    "default": {"per_device_train_batch_size": 1},
+    "default+lora_layers=12": {"per_device_train_batch_size": 1, "lora_layers": 12},
+}
+
+
 def phase(name: str, steps: int, max_length: int, batch_size: int, setup: str | None = None) -> dict:
     from transformers import AutoTokenizer
 
