@@ -31,17 +31,18 @@ from toolself.serve import create_app
 
 
 class InFlight:
-    """A scripted reply that blocks for `seconds` and counts how many calls overlapped: a test
-    of concurrency that does not depend on how fast the machine is."""
+    """A scripted reply that blocks for `seconds` and counts the calls (`total`) and how many
+    overlapped (`peak`): a test of concurrency that does not depend on how fast the machine is."""
 
     def __init__(self, seconds: float, reply: str = "ok"):
         self.seconds, self.reply = seconds, reply
-        self.now = self.peak = 0
+        self.now = self.peak = self.total = 0
         self._lock = threading.Lock()
 
     def __call__(self, messages: Any, tools: Any) -> str:
         with self._lock:
             self.now += 1
+            self.total += 1
             self.peak = max(self.peak, self.now)
         time.sleep(self.seconds)
         with self._lock:

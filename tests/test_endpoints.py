@@ -4,8 +4,6 @@ specified against real `toolself serve` servers on loopback."""
 from __future__ import annotations
 
 import socket
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -16,31 +14,12 @@ from toolself.models.endpoints import DEFAULT_LIMIT, Endpoint, RoundRobinModel, 
 from toolself.models.openai_compat import OpenAIModel
 from toolself.models.scripted import ScriptedModel
 
-from http_fixtures import serving
+from http_fixtures import InFlight, serving
 
 HELLO = [Message("user", "hello")]
 
 
-class Gauge:
-    """A reply that counts the requests in flight at its server."""
-
-    def __init__(self, name: str, delay: float = 0.0):
-        self.name, self.delay = name, delay
-        self.lock = threading.Lock()
-        self.now = self.peak = self.total = 0
-
-    def __call__(self, messages, tools):
-        with self.lock:
-            self.now += 1
-            self.total += 1
-            self.peak = max(self.peak, self.now)
-        time.sleep(self.delay)
-        with self.lock:
-            self.now -= 1
-        return self.name
-
-
-def two_servers(a: Gauge, b: Gauge):
+def two_servers(a: InFlight, b: InFlight):
     return serving(ScriptedModel([], default=a)), serving(ScriptedModel([], default=b))
 
 
@@ -75,7 +54,7 @@ def test_load_model_shares_a_comma_separated_spec_across_its_servers():
 
 
 def test_calls_without_a_session_alternate_between_servers():
-    a, b = Gauge("a"), Gauge("b")
+    a, b = InFlight(0.0, "a"), InFlight(0.0, "b")
     first, second = two_servers(a, b)
     with first as url_a, second as url_b:
         model = RoundRobinModel([OpenAIModel("m", url_a), OpenAIModel("m", url_b)], [4, 4])
@@ -85,7 +64,7 @@ def test_calls_without_a_session_alternate_between_servers():
 
 
 def test_no_server_gets_more_requests_in_flight_than_its_limit():
-    a, b = Gauge("a", delay=0.2), Gauge("b", delay=0.2)
+    a, b = InFlight(0.2, "a"), InFlight(0.2, "b")
     first, second = two_servers(a, b)
     with first as url_a, second as url_b:
         model = RoundRobinModel([OpenAIModel("m", url_a), OpenAIModel("m", url_b)], [1, 2])
@@ -97,7 +76,7 @@ def test_no_server_gets_more_requests_in_flight_than_its_limit():
 
 
 def test_an_episode_stays_on_the_server_that_took_its_first_call():
-    a, b = Gauge("a"), Gauge("b")
+    a, b = InFlight(0.0, "a"), InFlight(0.0, "b")
     first, second = two_servers(a, b)
     with first as url_a, second as url_b:
         model = RoundRobinModel([OpenAIModel("m", url_a), OpenAIModel("m", url_b)], [4, 4])
@@ -112,7 +91,7 @@ def test_a_call_a_dead_server_fails_is_answered_by_another():
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
-    b = Gauge("b")
+    b = InFlight(0.0, "b")
     with serving(ScriptedModel([], default=b)) as url_b:
         model = RoundRobinModel([OpenAIModel("m", dead, max_retries=0), OpenAIModel("m", url_b)], [4, 4])
         answers = [model.complete(HELLO, session=f"e{i}").message.content for i in range(4)]
