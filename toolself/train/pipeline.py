@@ -118,6 +118,26 @@ def agent_overrides(settings: CATSettings) -> dict[str, Any]:
     return {**base, **settings.agent}
 
 
+def student_spec(settings: CATSettings) -> str:
+    """The model spec that loads the untrained student."""
+    from toolself.train.lora import resolve_model_path
+
+    if settings.student in ("embedded", "default"):
+        return "embedded"
+    return f"local:{resolve_model_path(settings.student)}"
+
+
+def evaluate(settings: CATSettings, model: str, out: Path, backend: Any = "local") -> Any:
+    """One model on the held-out split, run as every evaluation of a CAT run is; returns the
+    runner's summary."""
+    from toolself.evals.runner import run_eval
+
+    return run_eval(settings.eval_tasks or settings.tasks, [settings.method], model, out, split="heldout",
+                    limit=settings.eval_limit, seed=settings.eval_seed, concurrency=settings.concurrency,
+                    timeout=settings.timeout, settings=agent_overrides(settings), backend=backend,
+                    model_options={"dtype": settings.dtype})
+
+
 def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_after: str | None = None,
             echo: Callable[[str], None] = print, backend: Any = "local") -> dict[str, Any]:
     """Run (or resume) the pipeline; returns the state's step results. backend: where the
@@ -205,17 +225,10 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
         return result.to_dict()
 
     def step_evaluate() -> dict[str, Any]:
-        from toolself.evals.runner import run_eval
-
-        models = {"student": "embedded" if settings.student in ("embedded", "default") else f"local:{student}",
-                  "rft": f"local:{rft_dir}", "kto": f"local:{kto_dir}"}
+        models = {"student": student_spec(settings), "rft": f"local:{rft_dir}", "kto": f"local:{kto_dir}"}
         results = {}
         for name in settings.evaluate:
-            summary = run_eval(settings.eval_tasks or settings.tasks, [settings.method], models[name],
-                               out / "eval" / name, split="heldout", limit=settings.eval_limit, seed=settings.eval_seed,
-                               concurrency=settings.concurrency, timeout=settings.timeout,
-                               settings=agent_overrides(settings), backend=backend,
-                               model_options={"dtype": settings.dtype})
+            summary = evaluate(settings, models[name], out / "eval" / name, backend)
             results[name] = summary.accuracy().get(settings.method, {})
         return results
 

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from toolself.train.pipeline import STEPS, CATSettings, PipelineMismatch, run_cat
+from toolself.train.pipeline import STEPS, CATSettings, PipelineMismatch, evaluate, run_cat, student_spec
 
 STUDY_FILE = "study.json"
 BEGIN, END = "<!-- cat-study:begin -->", "<!-- cat-study:end -->"
@@ -95,14 +95,9 @@ def claim(out: Path, settings: StudySettings, force: bool = False) -> None:
 
 
 def zero_shot(settings: StudySettings, out: Path, echo: Callable[[str], None], backend: Any) -> None:
-    from toolself.evals.runner import run_eval
-    from toolself.train.pipeline import agent_overrides
-
-    cat = settings.pipeline("toolself", settings.seeds[0])
-    echo("== toolself, zero-shot ==")
-    run_eval(cat.eval_tasks, [r.method for r in ROWS if r.model == "student"], cat.student, out / "zero-shot",
-             split="heldout", limit=cat.eval_limit, seed=cat.eval_seed, concurrency=cat.concurrency,
-             timeout=cat.timeout, settings=agent_overrides(cat), backend=backend, model_options={"dtype": cat.dtype})
+    cat = settings.pipeline(next(r.method for r in ROWS if r.model == "student"), settings.seeds[0])
+    echo(f"== {cat.method}, zero-shot ==")
+    evaluate(cat, student_spec(cat), out / "zero-shot", backend)
 
 
 def study_records(out: Path, settings: StudySettings) -> list[Any]:
