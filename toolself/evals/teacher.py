@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Generator
 
-from toolself.config import GENERIC_STRATEGY
+from toolself.config import FIELDS, GENERIC_STRATEGY
 from toolself.evals.suites.common import slug
 from toolself.evals.suites.research import read_fact
 from toolself.evals.task import Task
@@ -217,13 +217,12 @@ class ExpertTeacher(SyncModelBase):
     def _config_message(self, config: Config) -> Message:
         toolbox = [t for t in config.toolbox if self._pool_tools is None or t in self._pool_tools]
         modes = self._modes or ["basic"]
-        data = {"subgoal": config.subgoal, "strategy": config.strategy, "toolbox": toolbox,
-                "knowledge": config.knowledge, "knowledge_summary": config.knowledge_summary,
-                "context_mode": config.context_mode if config.context_mode in modes else modes[0]}
-        if config.knowledge != "summary":
-            del data["knowledge_summary"]
+        values = {"subgoal": config.subgoal, "strategy": config.strategy, "toolbox": toolbox,
+                  "knowledge": config.knowledge, "knowledge_summary": config.knowledge_summary,
+                  "context_mode": config.context_mode if config.context_mode in modes else modes[0]}
         # In the schema's field order: a student decoding under the schema's grammar can only
         # write the fields in that order, so that is the order it must be trained on.
+        data = {f: values[f] for f in FIELDS if f != "knowledge_summary" or config.knowledge == "summary"}
         return Message(role="assistant", content=json.dumps(data, ensure_ascii=False))
 
     def _generic_config(self) -> Config:
