@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from toolself.train.pipeline import STEPS, CATSettings, PipelineMismatch, evaluate, run_cat, student_spec
+from toolself.train.pipeline import (STEPS, CATSettings, PipelineMismatch, State, evaluate, run_cat,
+                                     student_spec)
 
 STUDY_FILE = "study.json"
 BEGIN, END = "<!-- cat-study:begin -->", "<!-- cat-study:end -->"
@@ -124,11 +125,9 @@ def step_times(out: Path, settings: StudySettings) -> dict[str, dict[str, float]
     times: dict[str, dict[str, float]] = {}
     for method in settings.methods:
         for seed in settings.seeds:
-            state = pipeline_dir(out, method, seed) / "state.json"
-            if state.is_file():
-                for step, info in json.loads(state.read_text(encoding="utf-8"))["steps"].items():
-                    bucket = times.setdefault(method, {})
-                    bucket[step] = bucket.get(step, 0.0) + float(info.get("seconds", 0.0))
+            for step, info in State(pipeline_dir(out, method, seed)).data["steps"].items():
+                bucket = times.setdefault(method, {})
+                bucket[step] = bucket.get(step, 0.0) + float(info.get("seconds", 0.0))
     return times
 
 
