@@ -74,7 +74,7 @@ def eval_command(
     """Run methods on datasets; resumable, with per-attempt timeouts and a live progress line."""
     from toolself.evals.records import atomic_write_text
     from toolself.evals.report import markdown_accuracy, write_report
-    from toolself.evals.runner import RunInProgress, SettingsMismatch, run_eval
+    from toolself.evals.runner import RunInProgress, SettingsMismatch, model_options, run_eval
 
     specs, names = _split_list(tasks), _split_list(methods)
     if names == ["all"]:
@@ -84,11 +84,7 @@ def eval_command(
     settings = {"max_stages": max_stages, "max_steps_per_stage": max_steps, "max_total_tokens": max_tokens}
     if context_budget is not None:
         settings["context_budget"] = context_budget
-    options = {}
-    if model == "embedded" or model.startswith("local:"):
-        options = {"temperature": temperature, "seed": seed, "dtype": dtype}
-    elif model.startswith("openai:") and temperature:
-        options = {"temperature": temperature}
+    options = model_options(model, temperature, seed, dtype)
     try:
         runner_backend = backend_option(backend, address, ray_cpus)
         summary = run_eval(specs, names, model, out, concurrency=concurrency, timeout=timeout or None, grace=grace,

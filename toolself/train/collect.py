@@ -35,17 +35,6 @@ class CollectResult:
         return dict(self.__dict__)
 
 
-def model_options(model: str, temperature: float, seed: int, dtype: str = "float32") -> dict[str, Any]:
-    """Sampling options for a model spec: on-policy collection samples (temperature > 0) so that
-    the K attempts at a task differ; the expert teacher takes none. `dtype` is the embedded
-    backend's (bfloat16: ~2x faster prefill on CPUs with AMX, greedy replies less reproducible)."""
-    if model == "embedded" or model.startswith("local:"):
-        return {"temperature": temperature, "seed": seed, "dtype": dtype}
-    if model.startswith("openai:") and temperature:
-        return {"temperature": temperature}
-    return {}
-
-
 def collect(tasks: Sequence[str], model: Any, out: str | Path, samples: int, *, method: str = METHOD,
             split: str = "train",
             limit: int | None = None, temperature: float = 0.7, seed: int = 0, concurrency: int = 4,
@@ -55,7 +44,7 @@ def collect(tasks: Sequence[str], model: Any, out: str | Path, samples: int, *, 
     `local:DIR`, `openai:NAME@URL`, or a ChatModel) as `method` (`toolself`, or `vanilla` for
     the static-configuration control) into the runner folder `out`; rerunning resumes it.
     backend: where the attempts run (`local`, `ray`, a runner Backend)."""
-    from toolself.evals.runner import default_pool, run_eval
+    from toolself.evals.runner import default_pool, model_options, run_eval
     from toolself.train.data import tool_schemas
 
     out = Path(out)
