@@ -38,6 +38,7 @@ from toolself.evals.suites.common import slug
 from toolself.evals.suites.research import read_fact
 from toolself.evals.task import Task
 from toolself.models.base import Completion, Message, SyncModelBase, Usage
+from toolself.models.grammar import DEFAULT_MAX_STRING, cap_strings, tool_name, tool_parameters
 from toolself.models.scripted import call
 
 RECOVERY_PROBABILITY = 0.75
@@ -113,6 +114,17 @@ SETTING_STRATEGY = (
     "they pass.")
 
 
+def one_line(text: str, limit: int | None = None) -> str:
+    """`text` as the constrained student can write it in a capped string (one line, no double
+    quote, no backslash, at most `limit` characters): the student is trained on what the
+    teacher writes, so the teacher writes nothing the student's grammar forbids."""
+    text = re.sub(r"\s*\n\s*", " | ", text.strip())
+    text = re.sub(r"[\x00-\x1f]", " ", text.replace('"', "'").replace("\\", "/"))
+    if limit is not None and len(text) > limit:
+        text = text[:limit - 3].rstrip() + "..."
+    return text
+
+
 def _number(text: str | None) -> str | None:
     """The last number printed in a Python observation."""
     if not text:
@@ -146,6 +158,7 @@ class ExpertTeacher(SyncModelBase):
         self._current: Config | None = None
         self._pool_tools: list[str] | None = None
         self._modes: list[str] | None = None
+        self._text_limit: int | None = None
 
     @classmethod
     def for_task(cls, task: Task, noise: float = 0.0, seed: int = 0) -> "ExpertTeacher":
@@ -186,7 +199,7 @@ class ExpertTeacher(SyncModelBase):
                 return self._config_message(self._current or self._generic_config())
             name = item.tool_calls[0].name
             if name in offered:
-                return item
+                return self._writable(item, next(t for t in tools if tool_name(t) == name))
             if name == "reconfigure":  # no reconfigure in this variant: go on in the same stage
                 observation = ""
                 continue
@@ -213,12 +226,27 @@ class ExpertTeacher(SyncModelBase):
         props = schema.get("properties", {})
         self._pool_tools = props.get("toolbox", {}).get("items", {}).get("enum") or self._pool_tools
         self._modes = props.get("context_mode", {}).get("enum") or self._modes
+        self._text_limit = props.get("strategy", {}).get("maxLength", self._text_limit)
+
+    @staticmethod
+    def _writable(message: Message, tool: dict[str, Any]) -> Message:
+        """The call with each capped argument (see `cap_strings`) made `one_line`; verbatim
+        arguments (code, commands, excerpts of files) are left exactly as they are."""
+        capped = cap_strings(tool_parameters(tool), DEFAULT_MAX_STRING).get("properties", {})
+        args = dict(message.tool_calls[0].arguments or {})
+        for key, value in args.items():
+            limit = capped.get(key, {}).get("maxLength")
+            if isinstance(value, str) and limit is not None:
+                args[key] = one_line(value, limit)
+        return call(message.tool_calls[0].name, **args)
 
     def _config_message(self, config: Config) -> Message:
         toolbox = [t for t in config.toolbox if self._pool_tools is None or t in self._pool_tools]
         modes = self._modes or ["basic"]
-        values = {"subgoal": config.subgoal, "strategy": config.strategy, "toolbox": toolbox,
-                  "knowledge": config.knowledge, "knowledge_summary": config.knowledge_summary,
+        values = {"subgoal": one_line(config.subgoal, self._text_limit),
+                  "strategy": one_line(config.strategy, self._text_limit), "toolbox": toolbox,
+                  "knowledge": config.knowledge,
+                  "knowledge_summary": one_line(config.knowledge_summary, self._text_limit),
                   "context_mode": config.context_mode if config.context_mode in modes else modes[0]}
         # In the schema's field order: a student decoding under the schema's grammar can only
         # write the fields in that order, so that is the order it must be trained on.

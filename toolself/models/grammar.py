@@ -8,7 +8,12 @@ Two shapes of reply are constrained:
 
 The grammar fixes syntax only. Every offered tool stays an alternative of equal standing, so
 the choice of tool is the model's own. Free-text strings get a length cap because a 135M model
-left inside an unbounded string can repeat itself until the token budget is gone.
+left inside an unbounded string can repeat itself until the token budget is gone. xgrammar's
+rule for a capped string admits no JSON escape, so capped text is one line without quotes or
+backslashes (every way of widening that rule made token masks hundreds of times slower). Strings
+that must be written verbatim (code, shell commands, excerpts of files: `contentMediaType` in
+the schema, see `toolself.tools.base.Verbatim`) keep the full JSON string rule and no cap; the
+per-call token budget bounds them.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 
 DEFAULT_MAX_STRING = 400
 DEFAULT_MAX_ITEMS = 16
-_FREE_STRING_KEYS = ("maxLength", "enum", "const", "pattern", "format")
+_FREE_STRING_KEYS = ("maxLength", "enum", "const", "pattern", "format", "contentMediaType")
 
 
 def tool_name(tool: dict[str, Any]) -> str:
@@ -40,8 +45,8 @@ def tool_parameters(tool: dict[str, Any]) -> dict[str, Any]:
 
 
 def cap_strings(schema: Any, max_length: int = DEFAULT_MAX_STRING) -> Any:
-    """A copy of `schema` where every free string (no maxLength, enum, const, pattern or
-    format) gets `maxLength: max_length`, and every array without maxItems gets one (the
+    """A copy of `schema` where every free string (no maxLength, enum, const, pattern, format
+    or contentMediaType) gets `maxLength: max_length`, and every array without maxItems gets one (the
     number of choices for an array of enumerated values, which is how a model picking a
     toolbox stops repeating a name; else DEFAULT_MAX_ITEMS). Nested objects, arrays and
     unions are followed."""

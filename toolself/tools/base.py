@@ -15,9 +15,16 @@ import tempfile
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, get_type_hints
+from typing import Annotated, Any, Callable, get_type_hints
 
 import pydantic
+
+
+Verbatim = Annotated[str, pydantic.Field(json_schema_extra={"contentMediaType": "text/plain"})]
+"""A string argument used exactly as written: code, a shell command, an excerpt of a file. Its
+schema says so with `contentMediaType`, and the embedded model's grammar then lets it hold line
+breaks, quotes and backslashes, and leaves its length to the per-call token budget, where other
+free text is kept to one capped line (see toolself.models.grammar)."""
 
 
 @dataclass
@@ -117,7 +124,7 @@ class Tool:
         self.name = name or fn.__name__
         doc_description, arg_help = parse_docstring(fn.__doc__)
         self.description = description or doc_description or self.name
-        hints = get_type_hints(fn)
+        hints = get_type_hints(fn, include_extras=True)
         signature = inspect.signature(fn)
         self.wants_context = False
         fields: dict[str, Any] = {}

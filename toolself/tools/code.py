@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from toolself.tools.base import Observation, ToolContext, ToolError, tool
+from toolself.tools.base import Observation, ToolContext, ToolError, Verbatim, tool
 from toolself.tools.sandbox import LIMITS_PRELUDE, CallResult, Limits, SandboxedProcess, SandboxUser, limits_for
 
 # The child's main loop. It is passed with -c, so it needs nothing but the standard library
@@ -154,7 +154,7 @@ def format_python_result(result: CallResult) -> Observation:
 
 
 @tool
-def code_interpreter(code: str, ctx: ToolContext) -> Observation:
+def code_interpreter(code: Verbatim, ctx: ToolContext) -> Observation:
     """Run Python in a persistent session in the task's workspace (state is kept between calls, like a notebook).
 
     Returns what was printed, the value of the last expression, and any traceback.

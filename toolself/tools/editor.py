@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Literal
 
-from toolself.tools.base import ToolContext, ToolError, tool
+from toolself.tools.base import ToolContext, ToolError, Verbatim, tool
 
 VIEW_CHARS = 16_000
 SNIPPET_LINES = 4
@@ -237,9 +237,9 @@ def str_replace_editor(
     command: Literal["view", "create", "str_replace", "insert", "undo_edit"],
     path: str,
     ctx: ToolContext,
-    file_text: str | None = None,
-    old_str: str | None = None,
-    new_str: str | None = None,
+    file_text: Verbatim | None = None,
+    old_str: Verbatim | None = None,
+    new_str: Verbatim | None = None,
     insert_line: int | None = None,
     view_range: list[int] | None = None,
 ) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shutil
 
-from toolself.tools.base import Observation, ToolContext, ToolError, tool
+from toolself.tools.base import Observation, ToolContext, ToolError, Verbatim, tool
 from toolself.tools.sandbox import LIMITS_PRELUDE, CallResult, Limits, SandboxedProcess, SandboxUser, limits_for
 
 BASH_DRIVER = r'''
@@ -81,7 +81,7 @@ def format_bash_result(result: CallResult) -> Observation:
 
 
 @tool
-def execute_bash(command: str, ctx: ToolContext) -> Observation:
+def execute_bash(command: Verbatim, ctx: ToolContext) -> Observation:
     """Run a bash command in the task's workspace, in a shell that persists between calls.
 
     cd and variables carry over between calls. Commands get no stdin; long-running commands time out.
