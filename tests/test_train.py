@@ -222,3 +222,24 @@ def test_lora_layers_adapts_only_the_top_layers_and_leaves_the_rest_without_grad
     assert kinds == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     with pytest.raises(ValueError, match="needs the model"):
         LoraArguments(lora_layers=2).peft_config()
+
+
+def test_kto_is_skipped_when_every_policy_attempt_has_the_same_outcome(tmp_path, student):
+    import shutil
+
+    from toolself.train.pipeline import CATSettings, State, run_cat
+
+    # one action per stage: no attempt can succeed, so every decision would be undesirable
+    settings = CATSettings(tasks=["builtin:research?hops=2"], teacher_samples=1, limit=1, concurrency=1,
+                           agent={"max_stages": 1, "max_steps_per_stage": 1})
+    lines: list[str] = []
+    run_cat(settings, tmp_path, stop_after="collect_teacher", echo=lines.append)
+    shutil.copytree(tmp_path / "collect" / "teacher", tmp_path / "collect" / "policy")
+    state = State(tmp_path)
+    for step in ("data_sft", "rft", "collect_policy"):  # stand-ins: this test is about the KTO steps
+        state.finish(step, {}, 0.0)
+    result = run_cat(settings, tmp_path, stop_after="kto", echo=lines.append)
+    assert "every one of the policy's 1 attempts failed" in result["data_kto"]["skip_kto"]
+    assert result["kto"] == {"skipped": result["data_kto"]["skip_kto"]}
+    assert not (tmp_path / "kto").exists()
+    assert any(line.startswith("[kto] skipped:") for line in lines)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -213,10 +214,21 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
         D.save_dataset(dataset, out / "data" / "kto", info)
         for note in stats.notes:
             echo(f"note: {note}")
-        return {"examples": len(dataset), "trajectories": stats.trajectories, "weights": weights.to_dict(),
-                "truncated": stats.truncated}
+        found = {"examples": len(dataset), "trajectories": stats.trajectories, "weights": weights.to_dict(),
+                 "truncated": stats.truncated}
+        if weights.single_class:
+            kind = "succeeded" if weights.desirable else "failed"
+            found["skip_kto"] = (f"every one of the policy's {stats.trajectories} attempts {kind}: with one label KTO "
+                                 "can only push the RFT model's own decisions one way, so the RFT model stands as KTO's")
+        return found
+
+    def kto_skipped() -> str | None:
+        return state.data["steps"].get("data_kto", {}).get("result", {}).get("skip_kto")
 
     def step_kto() -> dict[str, Any]:
+        if kto_skipped():
+            echo(f"[kto] skipped: {kto_skipped()}")
+            return {"skipped": kto_skipped()}
         dataset = D.load_dataset_dir(out / "data" / "kto")
         config = KTOConfig(output_dir=str(kto_dir / "checkpoints"), max_length=settings.max_length,
                            seed=settings.seed, **settings.kto)
@@ -228,6 +240,13 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
         models = {"student": student_spec(settings), "rft": f"local:{rft_dir}", "kto": f"local:{kto_dir}"}
         results = {}
         for name in settings.evaluate:
+            if name == "kto" and kto_skipped():
+                if "rft" in results:  # the same model: its records stand for both rows
+                    shutil.rmtree(out / "eval" / name, ignore_errors=True)
+                    shutil.copytree(out / "eval" / "rft", out / "eval" / name)
+                    results[name] = results["rft"]
+                    continue
+                models[name] = models["rft"]
             summary = evaluate(settings, models[name], out / "eval" / name, backend)
             results[name] = summary.accuracy().get(settings.method, {})
         return results

@@ -162,6 +162,12 @@ def write_results(out: Path, settings: StudySettings) -> dict[str, Any]:
     for method, steps in times.items():
         cells = [f"{steps.get(s, 0.0) / 60:.1f}" for s in STEPS]
         lines.append(f"| {method} | " + " | ".join(cells) + f" | {sum(steps.values()) / 60:.1f} |")
+    for method in settings.methods:
+        for seed in settings.seeds:
+            steps = State(pipeline_dir(out, method, seed)).data["steps"]
+            skipped = steps.get("kto", {}).get("result", {}).get("skipped")
+            if skipped:
+                lines += ["", f"KTO skipped for {method}, seed {seed}: {skipped}."]
     lines += ["", "![accuracy](accuracy.png)", ""]
     text = "\n".join(lines) + "\n"
     (out / "results.md").write_text(text, encoding="utf-8")
