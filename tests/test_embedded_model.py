@@ -13,6 +13,7 @@ import pytest
 from toolself.config import configuration_schema, parse_configuration
 from toolself.models.base import ChatModel, Message
 from toolself.models import local
+from toolself.models.engine import Request
 from toolself.models.protocol import parse_tool_calls_text, to_text_messages
 from toolself.tools.base import tool
 
@@ -246,3 +247,18 @@ def test_batch_rows_keep_their_caches_while_others_join_and_leave():
         assert int(batch.mask[i].sum()) == lengths[int(s.store_key)]
         padding = batch.width - lengths[int(s.store_key)]
         assert all(not layer.kbuf[i, :, :padding].any() for layer in batch.layers), "padding holds zeros"
+
+
+def test_a_run_closes_the_models_it_built_from_specs_and_leaves_the_callers_own(tmp_path, model):
+    """A study evaluates a dozen models in one process: a model left open keeps its engine
+    threads and KV caches for ever."""
+    from toolself.evals.backends import AttemptModels, LocalBackend
+    from toolself.tools.base import ToolPool
+
+    executor = LocalBackend().open(AttemptModels("embedded", config_model=model), ToolPool([]), tmp_path, 1.0)
+    built = executor.built.policy_for(None)
+    assert executor.built.owned == [built]
+    executor.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        built.engine.submit(Request(prompt_ids=[1, 2], max_tokens=1))
+    assert model.complete([Message("user", "Say hi.")], max_tokens=2).usage.completion_tokens > 0

@@ -40,8 +40,8 @@ class AttemptModels:
     judge: Any = None
     options: dict[str, Any] = field(default_factory=dict)
 
-    def build(self) -> tuple[Any, Any, Any]:
-        """(policy for a task, configuration writer, judge)."""
+    def build(self) -> Any:
+        """The run's `runner.BuiltModels` (policy for a task, configuration writer, judge)."""
         from toolself.evals.runner import _models
 
         return _models(self.model, self.config_model, self.judge, self.options)
@@ -87,16 +87,18 @@ class LocalBackend:
     def open(self, models: AttemptModels, pool: Any, workspaces: Path, grace: float) -> "_LocalExecutor":
         from toolself.evals.runner import _AttemptEnv, default_pool
 
-        policy_for, writer, judge = models.build()
+        built = models.build()
         own_pool = default_pool() if pool is None else None  # closed at the end (MCP connections)
-        env = _AttemptEnv(policy_for, pool if pool is not None else own_pool, writer, judge, workspaces)
-        return _LocalExecutor(env, own_pool)
+        env = _AttemptEnv(built.policy_for, pool if pool is not None else own_pool, built.writer, built.judge,
+                          workspaces)
+        return _LocalExecutor(env, own_pool, built)
 
 
 @dataclass
 class _LocalExecutor:
     env: Any
     own_pool: Any
+    built: Any
 
     def execute(self, job: Any, cancel: threading.Event, live: list) -> tuple[Any, str | None]:
         from toolself.evals.runner import _run_attempt
@@ -106,6 +108,7 @@ class _LocalExecutor:
     def close(self) -> None:
         if self.own_pool is not None and hasattr(self.own_pool, "close"):
             self.own_pool.close()
+        self.built.close()
 
 
 @dataclass
@@ -197,7 +200,7 @@ class _RayExecutor:
 
 
 _WORKER_LOCK = threading.Lock()
-_WORKER_MODELS: dict[Any, tuple[Any, Any, Any]] = {}
+_WORKER_MODELS: dict[Any, Any] = {}  # runner.BuiltModels, kept for later runs with the same specs
 _WORKER_POOLS: dict[str, Any] = {}
 
 
@@ -224,10 +227,10 @@ def _worker_env(context_ref: list, run: str) -> Any:
             for stale in [k for k in _WORKER_MODELS if isinstance(k, str)]:  # model objects of an earlier run
                 del _WORKER_MODELS[stale]
             built = _WORKER_MODELS[key] = models.build()
-    policy_for, writer, judge = built
     import tempfile
 
-    return _AttemptEnv(policy_for, pool, writer, judge, Path(tempfile.gettempdir()) / "toolself-ray" / run)
+    return _AttemptEnv(built.policy_for, pool, built.writer, built.judge,
+                       Path(tempfile.gettempdir()) / "toolself-ray" / run)
 
 
 def _remote_attempt(context_ref: list, run: str, job: Any, limit: float | None) -> tuple[Any, str | None]:

@@ -169,14 +169,6 @@ def _load_model(spec: Any, **options: Any) -> Any:
     return load_model(spec, **options)
 
 
-def _load_judge(judge: Any) -> Any:
-    if judge is None or not isinstance(judge, str):
-        return judge
-    from toolself.evals.scorers import LLMJudge
-
-    return LLMJudge(_load_model(judge))
-
-
 def _expert_policy() -> Callable[[Any], Any]:
     from toolself.evals.teacher import ExpertTeacher
 
@@ -499,16 +491,48 @@ def _missing(stores: dict[str, MethodStore], datasets: dict[str, list[Any]], met
             for m in methods if not stores[m].done(AttemptKey(spec, task.id, m, repeat))]
 
 
-def _models(model: Any, config_model: Any, judge: Any,
-            model_options: dict[str, Any] | None) -> tuple[Callable[[Any], Any], Any, Any]:
-    """(policy for a task, configuration writer, judge). One shared policy, except `expert`:
-    a fresh teacher per attempt, since it follows one task's plan."""
+@dataclass
+class BuiltModels:
+    """The models of a run, built from what the user gave. `owned` holds those built here from
+    specs: the run closes them when it ends, since an embedded model's engine threads and KV
+    caches would otherwise outlive it (a study builds a dozen in one process)."""
+
+    policy_for: Callable[[Any], Any]
+    writer: Any
+    judge: Any
+    owned: list[Any] = field(default_factory=list)
+
+    def close(self) -> None:
+        for model in self.owned:
+            close = getattr(model, "close", None)
+            if callable(close):
+                close()
+        self.owned = []
+
+
+def _models(model: Any, config_model: Any, judge: Any, model_options: dict[str, Any] | None) -> BuiltModels:
+    """One shared policy, except `expert`: a fresh teacher per attempt, since it follows one
+    task's plan."""
+    owned: list[Any] = []
+
+    def load(spec: Any, **options: Any) -> Any:
+        built = _load_model(spec, **options)
+        if isinstance(spec, str) and built is not None:
+            owned.append(built)
+        return built
+
     if model == "expert":
         policy_for = _expert_policy()
     else:
-        shared = _load_model(model, **(model_options or {}))
+        shared = load(model, **(model_options or {}))
         policy_for = lambda task: shared  # noqa: E731
-    return policy_for, _load_model(config_model), _load_judge(judge)
+    writer = load(config_model)
+    judge_model = None
+    if isinstance(judge, str):
+        from toolself.evals.scorers import LLMJudge
+
+        judge_model = LLMJudge(load(judge))
+    return BuiltModels(policy_for, writer, judge_model if judge_model is not None else judge, owned)
 
 
 def _default_loader(spec: str, split: str, limit: int | None, seed: int) -> list[Any]:
