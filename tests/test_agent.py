@@ -257,6 +257,16 @@ def test_vanilla_preset_runs_one_stage_with_the_whole_pool_and_no_reconfigure():
     assert "reconfigure" not in model.calls[0]["messages"][0].content
 
 
+@pytest.mark.parametrize("method", ["vanilla", "static:research"])
+def test_single_stage_methods_get_toolselfs_whole_action_budget_in_their_one_stage(method):
+    from toolself.variants import settings_for
+
+    toolself = settings_for("toolself", max_stages=3, max_steps_per_stage=6)
+    single = settings_for(method, max_stages=3, max_steps_per_stage=6)
+    assert (single.max_stages, single.max_steps_per_stage) == (1, 18)
+    assert single.max_stages * single.max_steps_per_stage == toolself.max_stages * toolself.max_steps_per_stage
+
+
 def test_decoupled_configurations_are_written_by_a_separate_call_that_sees_only_the_spec():
     writer = ScriptedModel([config(), config(subgoal="find b")])
     actor = ScriptedModel([call("lookup", key="a"),

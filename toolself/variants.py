@@ -3,6 +3,8 @@
     toolself          unified: the acting policy writes every configuration in its own context
     vanilla           one ReAct stage, whole pool, generic prompt, no reconfigure tool
     static:NAME       a fixed specialised preset (research, general, swe), no reconfigure tool
+                      (both single-stage methods get ToolSelf's whole action budget,
+                      max_stages x max_steps_per_stage, in their one stage)
     decoupled         configurations written by a separate call that sees only the spec
 
 Ablations freeze one or more dimensions of ToolSelf (`toolself --freeze knowledge`, or the
@@ -73,8 +75,12 @@ def settings_for(method: str, freeze: tuple[str, ...] = (), **overrides: Any) ->
         if freeze:
             raise ValueError(f"{method} has no configuration to freeze")
         preset = VANILLA if method_base == "vanilla" else load_preset(method_base.split(":", 1)[1])
+        # One stage holding ToolSelf's whole action budget: compared at equal actions, not at
+        # one stage's worth of them.
+        budget = AgentSettings(**overrides)
         settings = AgentSettings(method=method, configurator="preset", reconfigure=False, preset=preset,
-                                 **{**overrides, "max_stages": 1})
+                                 **{**overrides, "max_stages": 1,
+                                    "max_steps_per_stage": budget.max_stages * budget.max_steps_per_stage})
     else:
         raise ValueError(f"unknown method {method!r}; see `toolself methods`")
     if freeze and method_base == "toolself" and not method.startswith("toolself-freeze:"):
