@@ -46,9 +46,9 @@ def tool_parameters(tool: dict[str, Any]) -> dict[str, Any]:
 
 def cap_strings(schema: Any, max_length: int = DEFAULT_MAX_STRING) -> Any:
     """A copy of `schema` where every free string (no maxLength, enum, const, pattern, format
-    or contentMediaType) gets `maxLength: max_length`, and every array without maxItems gets one (the
-    number of choices for an array of enumerated values, which is how a model picking a
-    toolbox stops repeating a name; else DEFAULT_MAX_ITEMS). Nested objects, arrays and
+    or contentMediaType) gets `maxLength: max_length`, and every array without maxItems gets
+    one (the number of choices for an array of enumerated values, which is how a model picking
+    a toolbox stops repeating a name; else DEFAULT_MAX_ITEMS). Nested objects, arrays and
     unions are followed."""
     schema = copy.deepcopy(schema)
 

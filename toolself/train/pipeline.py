@@ -218,8 +218,9 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
                  "truncated": stats.truncated}
         if weights.single_class:
             kind = "succeeded" if weights.desirable else "failed"
-            found["skip_kto"] = (f"every one of the policy's {stats.trajectories} attempts {kind}: with one label KTO "
-                                 "can only push the RFT model's own decisions one way, so the RFT model stands as KTO's")
+            found["skip_kto"] = (f"every one of the policy's {stats.trajectories} attempts {kind}: with one label "
+                                 "KTO can only push the RFT model's own decisions one way, so the RFT model stands "
+                                 "as KTO's")
         return found
 
     def kto_skipped() -> str | None:
