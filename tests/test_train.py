@@ -238,8 +238,11 @@ def test_kto_is_skipped_when_every_policy_attempt_has_the_same_outcome(tmp_path,
     state = State(tmp_path)
     for step in ("data_sft", "rft", "collect_policy"):  # stand-ins: this test is about the KTO steps
         state.finish(step, {}, 0.0)
+    (tmp_path / "rft" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "rft" / "adapter_config.json").write_text("{}")
     result = run_cat(settings, tmp_path, stop_after="kto", echo=lines.append)
     assert "every one of the policy's 1 attempts failed" in result["data_kto"]["skip_kto"]
-    assert result["kto"] == {"skipped": result["data_kto"]["skip_kto"]}
-    assert not (tmp_path / "kto").exists()
+    assert result["kto"]["skipped"] == result["data_kto"]["skip_kto"]
+    assert (tmp_path / "kto" / "adapter_config.json").is_file(), "the RFT model stands where the KTO model would"
+    assert not (tmp_path / "kto" / "checkpoints").exists()
     assert any(line.startswith("[kto] skipped:") for line in lines)

@@ -14,6 +14,7 @@ change a finished step's meaning is refused unless `force`.
     OUT/collect/policy/       runner folder: RFT-policy attempts on the train split
     OUT/data/kto/             datasets folder + stats.json
     OUT/kto/                  KTO adapter on OUT/kto/base (the merged RFT model), log, curves.png
+                              (a copy of OUT/rft when every on-policy attempt had one outcome)
     OUT/eval/                 runner folder: student, RFT and KTO on the held-out split
 """
 
@@ -227,9 +228,11 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
         return state.data["steps"].get("data_kto", {}).get("result", {}).get("skip_kto")
 
     def step_kto() -> dict[str, Any]:
-        if kto_skipped():
+        if kto_skipped():  # OUT/kto still holds a model: the RFT one, as the docs promise a KTO model there
             echo(f"[kto] skipped: {kto_skipped()}")
-            return {"skipped": kto_skipped()}
+            shutil.rmtree(kto_dir, ignore_errors=True)
+            shutil.copytree(rft_dir, kto_dir, ignore=shutil.ignore_patterns("checkpoints"))
+            return {"skipped": kto_skipped(), "copied_from": str(rft_dir)}
         dataset = D.load_dataset_dir(out / "data" / "kto")
         config = KTOConfig(output_dir=str(kto_dir / "checkpoints"), max_length=settings.max_length,
                            seed=settings.seed, **settings.kto)
