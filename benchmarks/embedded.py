@@ -175,6 +175,8 @@ def bench_throughput(model_cls, weights, observations, episodes: int, steps: int
         "decode_cpu_s": round(stats["step_cpu_seconds"], 2),
         "prefill_cpu_s": round(stats["prefill_cpu_seconds"], 2),
         "generated_tokens_per_decode_cpu_s": round(sum(generated) / max(stats["step_cpu_seconds"], 1e-9), 2),
+        # Cores the engine kept busy on average: 2 is every core of this machine all the time.
+        "engine_cores_busy": round((stats["step_cpu_seconds"] + stats["prefill_cpu_seconds"]) / wall, 2),
     }
 
 
