@@ -526,13 +526,11 @@ def _models(model: Any, config_model: Any, judge: Any, model_options: dict[str, 
     else:
         shared = load(model, **(model_options or {}))
         policy_for = lambda task: shared  # noqa: E731
-    writer = load(config_model)
-    judge_model = None
     if isinstance(judge, str):
         from toolself.evals.scorers import LLMJudge
 
-        judge_model = LLMJudge(load(judge))
-    return BuiltModels(policy_for, writer, judge_model if judge_model is not None else judge, owned)
+        judge = LLMJudge(load(judge))
+    return BuiltModels(policy_for, load(config_model), judge, owned)
 
 
 def _default_loader(spec: str, split: str, limit: int | None, seed: int) -> list[Any]:

@@ -120,14 +120,19 @@ def study_records(out: Path, settings: StudySettings) -> list[Any]:
     return records
 
 
-def step_times(out: Path, settings: StudySettings) -> dict[str, dict[str, float]]:
+def pipeline_steps(out: Path, settings: StudySettings) -> dict[tuple[str, int], dict[str, Any]]:
+    """The finished steps of every pipeline of the study, by (method, seed)."""
+    return {(method, seed): State(pipeline_dir(out, method, seed)).data["steps"]
+            for method in settings.methods for seed in settings.seeds}
+
+
+def step_times(pipelines: dict[tuple[str, int], dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Seconds per pipeline step, summed over seeds, per method."""
     times: dict[str, dict[str, float]] = {}
-    for method in settings.methods:
-        for seed in settings.seeds:
-            for step, info in State(pipeline_dir(out, method, seed)).data["steps"].items():
-                bucket = times.setdefault(method, {})
-                bucket[step] = bucket.get(step, 0.0) + float(info.get("seconds", 0.0))
+    for (method, _), pipeline in pipelines.items():
+        for step, info in pipeline.items():
+            bucket = times.setdefault(method, {})
+            bucket[step] = bucket.get(step, 0.0) + float(info.get("seconds", 0.0))
     return times
 
 
@@ -142,7 +147,8 @@ def write_results(out: Path, settings: StudySettings) -> dict[str, Any]:
     table = aggregate(records, methods=[r.label for r in ROWS], datasets=datasets)
     plot_accuracy(table, out / "accuracy.png")
     plot_accuracy_vs_tokens(table, out / "accuracy_vs_tokens.png")
-    times = step_times(out, settings)
+    pipelines = pipeline_steps(out, settings)
+    times = step_times(pipelines)
     trained = ", ".join(short_dataset(t) for t in settings.train_tasks)
     lines = [
         f"Success rate (%) on the held-out split, mean ± standard error over seeds {settings.seeds} "
@@ -162,12 +168,10 @@ def write_results(out: Path, settings: StudySettings) -> dict[str, Any]:
     for method, steps in times.items():
         cells = [f"{steps.get(s, 0.0) / 60:.1f}" for s in STEPS]
         lines.append(f"| {method} | " + " | ".join(cells) + f" | {sum(steps.values()) / 60:.1f} |")
-    for method in settings.methods:
-        for seed in settings.seeds:
-            steps = State(pipeline_dir(out, method, seed)).data["steps"]
-            skipped = steps.get("kto", {}).get("result", {}).get("skipped")
-            if skipped:
-                lines += ["", f"KTO skipped for {method}, seed {seed}: {skipped}."]
+    for (method, seed), pipeline in pipelines.items():
+        skipped = pipeline.get("kto", {}).get("result", {}).get("skipped")
+        if skipped:
+            lines += ["", f"KTO skipped for {method}, seed {seed}: {skipped}."]
     lines += ["", "![accuracy](accuracy.png)", ""]
     text = "\n".join(lines) + "\n"
     (out / "results.md").write_text(text, encoding="utf-8")
