@@ -118,6 +118,13 @@ def test_data_answers_are_what_the_solution_computes_from_the_files():
         assert set(task.metadata["inspect"]) <= set(task.inline_files)
 
 
+def test_no_data_question_has_the_answer_zero():
+    """A filter that matches nothing would let a model that guesses 0 without reading score."""
+    for split in ("train", "heldout"):
+        for seed in (0, 1, 2):
+            assert all(t.answer != "0" for t in generate_suite("data", split, n=100, seed=seed))
+
+
 def test_data_rows_knob_sizes_the_files():
     task = load_tasks("builtin:data?rows=10", split="train", limit=1)[0]
     assert task.inline_files["sales.csv"].count("\n") == 11

@@ -148,6 +148,8 @@ def make_data_task(rng: random.Random, split: str, variant: str, rows: int) -> d
         params = {"region": region}
     else:
         raise ValueError(f"unknown data variant {variant!r}")
+    if answer == 0:  # a filter that matched nothing: a model that answers 0 without reading would score
+        return make_data_task(rng, split, variant, rows)
     return {"files": files, "question": question, "answer": str(answer), "solution_code": code,
             "wrong_code": wrong, "inspect": inspect, "params": params}
 
