@@ -1,0 +1,152 @@
+"""Where one decode step of the embedded model goes: prints one JSON object.
+
+For each dtype and batch size, a decode step at a ~1.5k-token context through the engine's own
+cache layer and attention (one torch thread, as the engine's decode thread runs), timed, then
+profiled into matrix products, attention and the rest; `matmul_gb_per_s` is the weight bytes
+the products stream per step over their time, which on a CPU decoding one row is the number
+that bounds the step. The last part times torch's CPU int4 kernel, the natural home of the
+shipped 4-bit weights, against the float32 product on the output head's shape.
+
+Usage: python benchmarks/decode_step.py [--context N] [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm")
+ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math")
+
+
+def _cache(prefill_cache, rows: int, context: int, spare: int):
+    from transformers.cache_utils import Cache
+
+    from toolself.models.engine import _RowLayer
+
+    layers = []
+    for layer in prefill_cache.layers:
+        k, v = layer.keys[0], layer.values[0]
+        kbuf = torch.zeros(rows, k.shape[0], context + spare, k.shape[2], dtype=k.dtype)
+        vbuf = torch.zeros(rows, v.shape[0], context + spare, v.shape[2], dtype=v.dtype)
+        kbuf[:, :, :context] = k
+        vbuf[:, :, :context] = v
+        row_layer = _RowLayer(kbuf, vbuf)
+        row_layer.bind(rows, context)
+        layers.append(row_layer)
+    return Cache(layers=layers)
+
+
+def bench_dtype(dtype: str, rows_list: list[int], context: int, steps: int) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    from toolself.models import local
+    from toolself.models.engine import new_cache, use_engine_attention
+
+    model, _, _ = local.load_weights(dtype=dtype)
+    use_engine_attention(model)
+    linear_bytes = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
+                       if isinstance(m, torch.nn.Linear))
+    ids = torch.randint(100, 40000, (1, context))
+    results = {}
+    with torch.inference_mode():
+        prefilled = model(input_ids=ids, position_ids=torch.arange(context)[None], cache=new_cache(len(model.model.layers)),
+                          use_cache=True, logits_to_keep=1).past_key_values
+        for rows in rows_list:
+            cache = _cache(prefilled, rows, context, spare=2 * steps + 8)
+            mask = torch.ones(rows, context + 2 * steps + 8, dtype=torch.long)
+            position = [context]
+
+            def step() -> None:
+                p = position[0]
+                model(input_ids=torch.full((rows, 1), 5), attention_mask=mask[:, : p + 1],
+                      position_ids=torch.full((rows, 1), p), cache=cache, use_cache=True, logits_to_keep=1)
+                position[0] += 1
+
+            step()
+            start = time.perf_counter()
+            for _ in range(steps - 1):
+                step()
+            step_ms = (time.perf_counter() - start) / (steps - 1) * 1e3
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(steps):
+                    step()
+            by_op = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+            total = sum(by_op.values())
+            matmul = sum(v for k, v in by_op.items() if k in MATMUL_OPS)
+            attention = sum(v for k, v in by_op.items() if k in ATTENTION_OPS)
+            matmul_ms = matmul / steps / 1e3
+            results[str(rows)] = {
+                "step_ms": round(step_ms, 2),
+                "ms_per_row": round(step_ms / rows, 2),
+                "matmul_share": round(matmul / total, 3),
+                "attention_share": round(attention / total, 3),
+                "matmul_ms": round(matmul_ms, 2),
+                "matmul_gb_per_s": round(linear_bytes / 1e9 / (matmul_ms / 1e3), 2),
+            }
+    return {"linear_weight_mb": round(linear_bytes / 1e6, 1), "rows": results}
+
+
+def bench_int4(rows_list: list[int], n: int = 49152, k: int = 576, group: int = 32, repeats: int = 10) -> dict:
+    """torch's CPU int4 product (asymmetric groups of 32, like GGUF Q4_1) against float32."""
+    weight = torch.randn(n, k)
+    grouped = weight.view(n, k // group, group)
+    low, high = grouped.amin(-1), grouped.amax(-1)
+    scale = (high - low) / 15
+    q = ((grouped - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32).view(n, k)
+    dequantized = (q.view(n, k // group, group).float() * scale[..., None] + low[..., None]).view(n, k)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    scales_and_zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous()
+
+    def timed(fn) -> float:
+        fn()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        return (time.perf_counter() - start) / repeats * 1e3
+
+    out = {"shape": [n, k], "group": group}
+    for rows in rows_list:
+        x = torch.randn(rows, k)
+        int4 = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros)
+        out[str(rows)] = {
+            "int4_ms": round(timed(lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros)), 3),
+            "float32_ms": round(timed(lambda: x @ dequantized.t()), 3),
+            "max_abs_difference": float((int4 - x @ dequantized.t()).abs().max()),
+        }
+    return out
+
+
+def shipped_tensor_types() -> dict[str, int]:
+    from collections import Counter
+
+    from gguf import GGUFReader
+
+    from toolself.models import local
+
+    reader = GGUFReader(str(local.default_gguf_path()))
+    return dict(Counter(t.tensor_type.name for t in reader.tensors))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--context", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    out: dict = {"torch_threads": 1, "cpus": len(os.sched_getaffinity(0)), "context": args.context,
+                 "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+                 "shipped_tensor_types": shipped_tensor_types()}
+    for dtype in ("float32", "bfloat16"):
+        out[dtype] = bench_dtype(dtype, [1, 8], args.context, args.steps)
+    out["int4_kernel"] = bench_int4([1, 8])
+    out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
