@@ -137,9 +137,7 @@ def make_data_task(rng: random.Random, split: str, variant: str, rows: int) -> d
         region = rng.choice(regions)
         files["sales.csv"] = csv_text(header, orders)
         prices = [r[5] for r in orders if r[1] == region]
-        if not prices:
-            return make_data_task(rng, split, variant, rows)
-        answer = max(prices) - min(prices)
+        answer = max(prices) - min(prices) if prices else 0
         question = (f"In sales.csv, what is the difference between the highest and the lowest unit_price among "
                     f"orders from the {region} region? Answer with a number.")
         code = READ_SALES + (f"prices = [int(r['unit_price']) for r in rows if r['region'] == {region!r}]\n"
@@ -148,7 +146,7 @@ def make_data_task(rng: random.Random, split: str, variant: str, rows: int) -> d
         params = {"region": region}
     else:
         raise ValueError(f"unknown data variant {variant!r}")
-    if answer == 0:  # a filter that matched nothing: a model that answers 0 without reading would score
+    if answer == 0:  # a filter that matched nothing: a model that answers 0 without reading would score; draw again
         return make_data_task(rng, split, variant, rows)
     return {"files": files, "question": question, "answer": str(answer), "solution_code": code,
             "wrong_code": wrong, "inspect": inspect, "params": params}
