@@ -1,7 +1,7 @@
 """Where one decode step of the embedded model goes: prints one JSON object.
 
-For each dtype and batch size, a decode step at a ~1.5k-token context through the engine's own
-cache layer and attention (one torch thread, as the engine's decode thread runs), timed, then
+For each dtype (float32, bfloat16 and mixed: see `toolself/models/half_linear.py`) and batch
+size, a decode step at a ~1.5k-token context through the engine's own cache layer and attention (one torch thread, as the engine's decode thread runs), timed, then
 profiled into matrix products, attention and the rest; `matmul_gb_per_s` is the weight bytes
 the products stream per step over their time, which on a CPU decoding one row is the number
 that bounds the step. The last part times torch's CPU int4 kernel, the natural home of the
@@ -19,8 +19,7 @@ import time
 
 import torch
 
-MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm")
-ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math")
+MATMUL_OPS = ("aten::mm", "aten::addmm", "quantized::linear_dynamic_fp16")
 
 
 def _cache(prefill_cache, rows: int, context: int, spare: int):
@@ -44,13 +43,24 @@ def _cache(prefill_cache, rows: int, context: int, spare: int):
 def bench_dtype(dtype: str, rows_list: list[int], context: int, steps: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
+    from transformers import AttentionInterface
+
     from toolself.models import local
-    from toolself.models.engine import new_cache, use_engine_attention
+    from toolself.models.engine import ATTENTION, _attention, new_cache, use_engine_attention
+    from toolself.models.half_linear import HalfLinear
 
     model, _, _ = local.load_weights(dtype=dtype)
     use_engine_attention(model)
+
+    def timed_attention(*args, **kwargs):
+        with torch.profiler.record_function("attention"):
+            return _attention(*args, **kwargs)
+
+    AttentionInterface.register(ATTENTION, timed_attention)
+    # The bytes a decode step's products stream: float16 for the mixed dtype's layers.
     linear_bytes = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
                        if isinstance(m, torch.nn.Linear))
+    linear_bytes += sum(m.in_features * m.out_features * 2 for m in model.modules() if isinstance(m, HalfLinear))
     ids = torch.randint(100, 40000, (1, context))
     results = {}
     with torch.inference_mode():
@@ -75,10 +85,11 @@ def bench_dtype(dtype: str, rows_list: list[int], context: int, steps: int) -> d
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 for _ in range(steps):
                     step()
-            by_op = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+            averages = prof.key_averages()
+            by_op = {e.key: e.self_cpu_time_total for e in averages}
             total = sum(by_op.values())
             matmul = sum(v for k, v in by_op.items() if k in MATMUL_OPS)
-            attention = sum(v for k, v in by_op.items() if k in ATTENTION_OPS)
+            attention = next(e.cpu_time_total for e in averages if e.key == "attention")
             matmul_ms = matmul / steps / 1e3
             results[str(rows)] = {
                 "step_ms": round(step_ms, 2),
@@ -144,7 +155,7 @@ def main() -> None:
     out: dict = {"torch_threads": 1, "cpus": len(os.sched_getaffinity(0)), "context": args.context,
                  "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
                  "shipped_tensor_types": shipped_tensor_types()}
-    for dtype in ("float32", "bfloat16"):
+    for dtype in ("float32", "bfloat16", "mixed"):
         out[dtype] = bench_dtype(dtype, [1, 8], args.context, args.steps)
     out["int4_kernel"] = bench_int4([1, 8])
     out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]

@@ -187,7 +187,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="tool-call turns per episode in the throughput runs")
     parser.add_argument("--context", type=int, default=2000, help="context length reached by the KV reuse episode")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"])
+    parser.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "mixed"])
     parser.add_argument("--parts", default="reuse,throughput", help="comma-separated: reuse, throughput")
     args = parser.parse_args()
 

@@ -78,9 +78,28 @@ def test_a_wheel_without_the_weights_file_gives_the_same_advice(monkeypatch, tmp
 
 @pytest.fixture(scope="module")
 def model():
-    m = local.EmbeddedModel.load()
+    m = local.EmbeddedModel.load(dtype="float32")
     yield m
     m.close()
+
+
+@pytest.fixture(scope="module")
+def mixed_model():
+    m = local.EmbeddedModel.load(dtype="mixed")
+    yield m
+    m.close()
+
+
+@pytest.mark.slow
+def test_the_mixed_dtype_scores_the_next_token_like_float32(model, mixed_model):
+    import torch
+
+    ids = torch.tensor([model.prompt_ids(episode(), SCHEMAS)])
+    with torch.inference_mode():
+        exact = model.model(input_ids=ids, logits_to_keep=1).logits[0, -1]
+        mixed = mixed_model.model(input_ids=ids, logits_to_keep=1).logits[0, -1]
+    assert int(mixed.argmax()) == int(exact.argmax())
+    assert float((mixed - exact).abs().max()) < 0.5
 
 
 @pytest.mark.slow
@@ -120,7 +139,9 @@ def test_token_ids_are_exactly_the_prompt_and_the_reply(model):
 
 
 @pytest.mark.slow
-def test_reusing_the_kv_cache_gives_the_same_greedy_reply_as_recomputing(model):
+@pytest.mark.parametrize("dtype", ["float32", "mixed"])
+def test_reusing_the_kv_cache_gives_the_same_greedy_reply_as_recomputing(request, dtype):
+    model = request.getfixturevalue("model" if dtype == "float32" else "mixed_model")
     fresh = local.EmbeddedModel(model.model, model.tokenizer, cache_entries=0, threads=0)
     try:
         messages = episode("Who wrote the novel Dune? Search for it.")
@@ -137,7 +158,9 @@ def test_reusing_the_kv_cache_gives_the_same_greedy_reply_as_recomputing(model):
 
 
 @pytest.mark.slow
-def test_concurrent_requests_decode_together_and_match_sequential_ones(model):
+@pytest.mark.parametrize("dtype", ["float32", "mixed"])
+def test_concurrent_requests_decode_together_and_match_sequential_ones(request, dtype):
+    model = request.getfixturevalue("model" if dtype == "float32" else "mixed_model")
     prompts = [episode("Find the population of Lyon."), episode("Which river flows through Vienna?")]
     sequential = [model.complete(p, tools=SCHEMAS, max_tokens=48) for p in prompts]
     for i in range(len(prompts)):

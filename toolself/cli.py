@@ -11,6 +11,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from toolself.models.local import DTYPE_HELP
+
 app = typer.Typer(help="Agents that reconfigure themselves at run time (ToolSelf), and CAT training.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 console = Console()
@@ -68,9 +70,11 @@ def run(
     context_budget: Optional[int] = typer.Option(None, help="Visible-context budget in the model's tokens."),
     temperature: float = typer.Option(0.0, help="0 for greedy decoding."),
     seed: int = typer.Option(0, help="Sampling seed."),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
 ) -> None:
     """Run one attempt at TASK, showing each stage as it happens."""
     from toolself.agent import Agent
+    from toolself.evals.runner import model_options
     from toolself.models import load_model
     from toolself.progress import RichObserver
     from toolself.tools.base import ToolContext
@@ -96,7 +100,7 @@ def run(
         _fail(f"building the tool pool: {exc}")
     with console.status(f"loading {model} ..."):
         try:
-            policy = load_model(model, **_sampling(model, temperature, seed))
+            policy = load_model(model, **model_options(model, temperature, seed, dtype))
             writer = load_model(config_model) if config_model else None
         except (ValueError, FileNotFoundError, ImportError) as exc:
             _fail(str(exc))
@@ -115,12 +119,6 @@ def run(
     write_jsonl(out, [trajectory])
     console.print(f"[bold]answer:[/bold] {trajectory.answer!r}")
     console.print(f"trajectory written to {out}")
-
-
-def _sampling(model: str, temperature: float, seed: int) -> dict:
-    if model == "embedded" or model.startswith("local:"):
-        return {"temperature": temperature, "seed": seed}
-    return {"temperature": temperature} if temperature else {}
 
 
 def _collection(docs: Path | None):
@@ -142,7 +140,7 @@ def demo(
                   "chooses poorly, and what follows is exactly what it chose.\n")
     run(task=DEMO_QUESTION, model=model, method="toolself", freeze=[], config_model=None, docs=demo_docs(),
         tools="search,visit", mcp=[], user_tools=[], tools_config=None, workspace=None, out=out, max_stages=4, max_steps=6, max_tokens=60_000, time_limit=600.0,
-        context_budget=None, temperature=0.0, seed=0)
+        context_budget=None, temperature=0.0, seed=0, dtype="auto")
 
 
 @app.command()
@@ -150,12 +148,14 @@ def serve(
     model: str = typer.Option("embedded", "--model", "-m", help="embedded | local:PATH | openai:NAME@URL"),
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = typer.Option(8000, help="Port to listen on."),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
 ) -> None:
     """Serve a model behind an OpenAI-compatible API (/v1/chat/completions, /v1/models, /health)."""
+    from toolself.evals.runner import model_options
     from toolself.models import load_model
     from toolself.serve import serve as serve_model
 
-    serve_model(load_model(model), host=host, port=port)
+    serve_model(load_model(model, **model_options(model, 0.0, 0, dtype)), host=host, port=port)
 
 
 @app.command()

@@ -13,6 +13,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from toolself.models.local import DTYPE_HELP
+
 console = Console()
 
 
@@ -63,8 +65,7 @@ def eval_command(
     max_tokens: int = typer.Option(200_000, help="Most prompt + completion tokens per attempt."),
     context_budget: Optional[int] = typer.Option(None, help="Visible-context budget in the model's tokens."),
     temperature: float = typer.Option(0.0, help="Sampling temperature of the policy (0: greedy)."),
-    dtype: str = typer.Option("float32", help="Embedded / local models: float32 (exactly reproducible) or bfloat16 "
-                                              "(about 1.5-2.5x faster on CPU)."),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
     force: bool = typer.Option(False, help="Add to an output folder made under other settings."),
     report: bool = typer.Option(True, help="Write the report into OUT/report when the run ends."),
     backend: str = typer.Option("local", help="Where attempts run: local (threads here) | ray (Ray tasks)."),

@@ -149,10 +149,9 @@ def _check_run_file(out: Path, identity: dict[str, Any], command: dict[str, Any]
     atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
-def model_options(model: str, temperature: float, seed: int, dtype: str = "float32") -> dict[str, Any]:
+def model_options(model: str, temperature: float, seed: int, dtype: str = "auto") -> dict[str, Any]:
     """Sampling options for a model spec, for `run_eval(model_options=...)`: local models take
-    temperature, seed and dtype (bfloat16: ~2x faster prefill on CPUs with AMX, greedy replies
-    less reproducible); a served model a temperature when one is asked for (on-policy collection
+    temperature, seed and dtype (see `local.default_dtype`); a served model a temperature when one is asked for (on-policy collection
     samples so that the K attempts at a task differ); the expert teacher none."""
     if model == "embedded" or model.startswith("local:"):
         return {"temperature": temperature, "seed": seed, "dtype": dtype}

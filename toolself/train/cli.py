@@ -12,6 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from toolself.models.local import DTYPE_HELP
+
 train_app = typer.Typer(help="CAT training: RFT on a teacher's successes, then trajectory-level KTO.",
                         no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 console = Console()
@@ -330,8 +332,7 @@ def cat_command(
     max_length: int = typer.Option(16384),
     method: str = typer.Option("toolself", help="The agent trained and evaluated: toolself, or vanilla (the "
                                                 "static-configuration control)."),
-    dtype: str = typer.Option("float32", help="Embedded / local models in collection and evaluation: float32 "
-                                              "(reproducible) or bfloat16 (~2x faster prefill on CPUs with AMX)."),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
     rft_options: str = typer.Option("{}", help='RFTConfig fields as JSON, e.g. \'{"num_train_epochs": 3}\'.'),
     kto_options: str = typer.Option("{}", help='KTOConfig fields as JSON, e.g. \'{"beta": 0.2}\'.'),
     agent_options: str = typer.Option("{}", help='Agent budgets as JSON, e.g. \'{"max_stages": 4}\'.'),

@@ -39,7 +39,7 @@ def collect(tasks: Sequence[str], model: Any, out: str | Path, samples: int, *, 
             split: str = "train",
             limit: int | None = None, temperature: float = 0.7, seed: int = 0, concurrency: int = 4,
             timeout: float | None = 600.0, settings: dict[str, Any] | None = None, pool: Any = None,
-            progress: bool = True, backend: Any = "local", dtype: str = "float32") -> CollectResult:
+            progress: bool = True, backend: Any = "local", dtype: str = "auto") -> CollectResult:
     """Run `samples` attempts per task with `model` (a spec such as `expert`, `embedded`,
     `local:DIR`, `openai:NAME@URL`, or a ChatModel) as `method` (`toolself`, or `vanilla` for
     the static-configuration control) into the runner folder `out`; rerunning resumes it.

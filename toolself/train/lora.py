@@ -92,14 +92,14 @@ def accelerator_defaults(config: Any) -> None:
     cost a third of the step for nothing."""
     import torch
 
-    from toolself.models.local import default_dtype
+    from toolself.models.half_linear import has_bfloat16_kernels
 
     gpu = torch.cuda.is_available()
     if config.bf16 is None:
         if gpu:
             config.bf16 = torch.cuda.is_bf16_supported() and not config.fp16
         else:
-            config.bf16 = default_dtype() == "bfloat16" and not config.fp16
+            config.bf16 = has_bfloat16_kernels() and not config.fp16
     if not gpu and config.bf16:
         config.use_cpu = True  # the Trainer's spelling of "bf16 autocast on the CPU is intended"
     if not gpu and config.per_device_train_batch_size == 1:

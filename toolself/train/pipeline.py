@@ -56,7 +56,7 @@ class CATSettings:
     kto: dict[str, Any] = field(default_factory=dict)
     concurrency: int = 4
     timeout: float | None = 600.0
-    dtype: str = "float32"
+    dtype: str = "auto"
     evaluate: tuple[str, ...] = EVALUATED
 
     def __post_init__(self) -> None:

@@ -1,0 +1,85 @@
+"""Linear layers with half-precision weights for CPU inference (the "mixed" dtype).
+
+Why: a decode step of a small model on a CPU is bound by streaming its weights from memory
+once per step, and prefill is bound by arithmetic. No one precision suits both here:
+
+- decoding (a few rows at a time) goes through fbgemm's float16 product, which keeps the
+  weights in float16 and multiplies in float32: half the bytes of float32 and about twice
+  the speed, with products within ~3e-4 (relative) of float32's;
+- prefill (many rows) goes through a bfloat16 product, which CPUs with avx512_bf16 or AMX
+  compute about twice as fast as float32; its inputs are rounded to bfloat16, so prefill is
+  as precise as the "bfloat16" dtype's. On CPUs without bfloat16 kernels prefill takes the
+  float16 product too (about float32's speed).
+
+Activations, norms, attention and the KV cache stay in float32. The float32 weights are
+dropped, so the model takes as much memory as before (a float16 and a bfloat16 copy).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Rows at or below which a product counts as decoding: a batch of decode steps has at most
+# the engine's max_batch rows, a prefill has a prompt's worth.
+DECODE_ROWS = 16
+
+
+def _quantized_engines() -> list[str]:
+    return list(torch.backends.quantized.supported_engines)
+
+
+def require_available() -> None:
+    """fbgemm, and with it the float16 product, is built into torch on x86 only."""
+    if "fbgemm" not in _quantized_engines():
+        raise ValueError("the mixed dtype needs fbgemm's float16 product, which this torch build lacks "
+                         "(x86 CPUs only); use float32 or bfloat16")
+
+
+def has_bfloat16_kernels() -> bool:
+    """Whether oneDNN has bfloat16 kernels for this CPU (avx512_bf16 or AMX); without them a
+    bfloat16 product is emulated, slower than float32."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+class HalfLinear(torch.nn.Module):
+    """An inference-only replacement for `nn.Linear` (no gradients, no training)."""
+
+    def __init__(self, linear: torch.nn.Linear, prefill_bf16: bool = True):
+        super().__init__()
+        weight = linear.weight.detach().float()
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed = torch.ops.quantized.linear_prepack_fp16(weight, bias)
+        self.prefill_bf16 = prefill_bf16
+        self.register_buffer("weight_bf16", weight.to(torch.bfloat16) if prefill_bf16 else None, persistent=False)
+        self.register_buffer("bias_bf16", None if bias is None or not prefill_bf16 else bias.to(torch.bfloat16),
+                             persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] <= DECODE_ROWS or not self.prefill_bf16:
+            out = torch.ops.quantized.linear_dynamic_fp16(rows.float(), self.packed)
+        else:
+            out = torch.nn.functional.linear(rows.to(torch.bfloat16), self.weight_bf16, self.bias_bf16).float()
+        return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"prefill={'bfloat16' if self.prefill_bf16 else 'float16'}")
+
+
+def use_half_linears(model: torch.nn.Module) -> int:
+    """Replace every `nn.Linear` of a float32 model in place; returns how many. The output head
+    is replaced too, which unties it from the (float32) input embedding."""
+    require_available()
+    prefill_bf16 = has_bfloat16_kernels()
+    replaced = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(module, name, HalfLinear(child, prefill_bf16))
+                replaced += 1
+    return replaced
