@@ -151,8 +151,9 @@ def _check_run_file(out: Path, identity: dict[str, Any], command: dict[str, Any]
 
 def model_options(model: str, temperature: float, seed: int, dtype: str = "auto") -> dict[str, Any]:
     """Sampling options for a model spec, for `run_eval(model_options=...)`: local models take
-    temperature, seed and dtype (see `local.default_dtype`); a served model a temperature when one is asked for (on-policy collection
-    samples so that the K attempts at a task differ); the expert teacher none."""
+    temperature, seed and dtype (see `local.default_dtype`); a served model a temperature when
+    one is asked for (on-policy collection samples so that the K attempts at a task differ); the
+    expert teacher none."""
     if model == "embedded" or model.startswith("local:"):
         return {"temperature": temperature, "seed": seed, "dtype": dtype}
     if model.startswith("openai:") and temperature:

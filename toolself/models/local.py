@@ -135,9 +135,8 @@ def load_weights(path: str | os.PathLike | None = None, dtype: str = "auto"):
     """(model, tokenizer, name) for a transformers directory, a PEFT adapter directory, or the
     default model when `path` is None. An adapter is merged into its base for decoding speed.
     `dtype`: "auto" (see `default_dtype`), "float32", "bfloat16" or "mixed" (see `half_linear`)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()
     dtype = resolve_dtype(dtype)
@@ -191,8 +190,10 @@ def default_dtype() -> str:
     greedy replies can part ways after a near-tie (one step in seven in the benchmark).
     "mixed" decodes with float16 weights and float32 arithmetic (products within ~3e-4 of
     float32's) and prefills in bfloat16: about 1.8x float32's speed for one episode, and its
-    replies kept both properties in the same measurements and tests. Training always starts
-    from the float32 directory, whatever the dtype of inference."""
+    replies kept both properties in every measurement and test so far. That is not a
+    guarantee (its prefill rounds as bfloat16's does, so a near-tie can still part them);
+    float32 remains the dtype to choose for exact comparisons. Training always starts from
+    the float32 directory, whatever the dtype of inference."""
     from toolself.models import half_linear
 
     try:
