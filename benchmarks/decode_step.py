@@ -1,11 +1,16 @@
 """Where one decode step of the embedded model goes: prints one JSON object.
 
-For each dtype (float32, bfloat16 and mixed: see `toolself/models/half_linear.py`) and batch
-size, a decode step at a ~1.5k-token context through the engine's own cache layer and attention (one torch thread, as the engine's decode thread runs), timed, then
-profiled into matrix products, attention and the rest; `matmul_gb_per_s` is the weight bytes
-the products stream per step over their time, which on a CPU decoding one row is the number
-that bounds the step. The last part times torch's CPU int4 kernel, the natural home of the
-shipped 4-bit weights, against the float32 product on the output head's shape.
+For each dtype (float32, bfloat16 and mixed: see `toolself/models/half_linear.py`):
+- prefill: tokens per second for a whole ~1.5k-token prompt, and a new observation of 360
+  tokens read on top of the cached rest, with the share of its time spent in attention;
+- the next-token logits after that prompt, against float32's;
+- a decode step at that context through the engine's own cache layer and attention, for 1 and 8
+  rows, timed, then profiled into matrix products, attention and the rest; `matmul_gb_per_s`
+  is the weight bytes the products stream per step over their time, which on a CPU decoding
+  one row is the number that bounds the step.
+The last part times the output head's product in each form torch offers on a CPU (float32,
+bfloat16, fbgemm's float16, and the int4 kernel, the natural home of the shipped 4-bit
+weights). Everything runs on one torch thread, as the engine's decode thread does.
 
 Usage: python benchmarks/decode_step.py [--context N] [--steps N]
 """
@@ -57,15 +62,32 @@ def bench_dtype(dtype: str, rows_list: list[int], context: int, steps: int) -> d
             return _attention(*args, **kwargs)
 
     AttentionInterface.register(ATTENTION, timed_attention)
+    layers = len(model.model.layers)
     # The bytes a decode step's products stream: float16 for the mixed dtype's layers.
     linear_bytes = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
                        if isinstance(m, torch.nn.Linear))
     linear_bytes += sum(m.in_features * m.out_features * 2 for m in model.modules() if isinstance(m, HalfLinear))
-    ids = torch.randint(100, 40000, (1, context))
+    ids = torch.randint(100, 40000, (1, context), generator=torch.Generator().manual_seed(0))
     results = {}
     with torch.inference_mode():
-        prefilled = model(input_ids=ids, position_ids=torch.arange(context)[None],
-                          cache=new_cache(len(model.model.layers)), use_cache=True, logits_to_keep=1).past_key_values
+        start = time.perf_counter()
+        out = model(input_ids=ids, position_ids=torch.arange(context)[None], cache=new_cache(layers), use_cache=True,
+                    logits_to_keep=1)
+        prefill_s = time.perf_counter() - start
+        prefilled, last_logits = out.past_key_values, out.logits[0, -1].float()
+        # A new observation read on top of a cached episode, as the engine's prefill does.
+        chunk = min(360, context // 4)
+        cached = [(l.keys[:, :, : context - chunk], l.values[:, :, : context - chunk]) for l in prefilled.layers]
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            model(input_ids=ids[:, context - chunk :], position_ids=torch.arange(context - chunk, context)[None],
+                  cache=new_cache(layers, cached), use_cache=True, logits_to_keep=1)
+            chunk_s = time.perf_counter() - start
+        averages = prof.key_averages()
+        prefill = {"tokens_per_s": round(context / prefill_s, 1),
+                   "chunk_tokens": chunk, "chunk_s": round(chunk_s, 3),
+                   "chunk_attention_share": round(next(e.cpu_time_total for e in averages if e.key == "attention")
+                                                  / sum(e.self_cpu_time_total for e in averages), 3)}
         for rows in rows_list:
             cache = _cache(prefilled, rows, context, spare=2 * steps + 8)
             mask = torch.ones(rows, context + 2 * steps + 8, dtype=torch.long)
@@ -99,11 +121,16 @@ def bench_dtype(dtype: str, rows_list: list[int], context: int, steps: int) -> d
                 "matmul_ms": round(matmul_ms, 2),
                 "matmul_gb_per_s": round(linear_bytes / 1e9 / (matmul_ms / 1e3), 2),
             }
-    return {"linear_weight_mb": round(linear_bytes / 1e6, 1), "rows": results}
+    return {"linear_weight_mb": round(linear_bytes / 1e6, 1), "prefill": prefill, "rows": results,
+            "_last_logits": last_logits}
 
 
-def bench_int4(rows_list: list[int], n: int = 49152, k: int = 576, group: int = 32, repeats: int = 10) -> dict:
-    """torch's CPU int4 product (asymmetric groups of 32, like GGUF Q4_1) against float32."""
+def bench_head_products(rows_list: list[int], n: int = 49152, k: int = 576, group: int = 32,
+                        repeats: int = 10) -> dict:
+    """The output head's product in each form torch offers on a CPU: float32, bfloat16, fbgemm's
+    float16 (the mixed dtype's decoding path) and the int4 kernel (asymmetric groups of 32,
+    like GGUF Q4_1), on weights that are exactly 4-bit so that every form holds the same
+    numbers."""
     weight = torch.randn(n, k)
     grouped = weight.view(n, k // group, group)
     low, high = grouped.amin(-1), grouped.amax(-1)
@@ -112,6 +139,8 @@ def bench_int4(rows_list: list[int], n: int = 49152, k: int = 576, group: int = 
     dequantized = (q.view(n, k // group, group).float() * scale[..., None] + low[..., None]).view(n, k)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
     scales_and_zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous()
+    as_bf16 = dequantized.bfloat16()
+    as_fp16 = torch.ops.quantized.linear_prepack_fp16(dequantized, None)
 
     def timed(fn) -> float:
         fn()
@@ -123,15 +152,16 @@ def bench_int4(rows_list: list[int], n: int = 49152, k: int = 576, group: int = 
     out = {"shape": [n, k], "group": group}
     for rows in rows_list:
         x = torch.randn(rows, k)
-        def int4_product():
-            return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros)
-
-        int4 = int4_product()
-        out[str(rows)] = {
-            "int4_ms": round(timed(int4_product), 3),
-            "float32_ms": round(timed(lambda: x @ dequantized.t()), 3),
-            "max_abs_difference": float((int4 - x @ dequantized.t()).abs().max()),
+        forms = {
+            "float32": lambda: x @ dequantized.t(),
+            "bfloat16": lambda: (x.bfloat16() @ as_bf16.t()).float(),
+            "float16_fbgemm": lambda: torch.ops.quantized.linear_dynamic_fp16(x, as_fp16),
+            "int4": lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros),
         }
+        exact = forms["float32"]()
+        out[str(rows)] = {name: {"ms": round(timed(fn), 3),
+                                 "relative_error": float((fn() - exact).norm() / exact.norm())}
+                          for name, fn in forms.items()}
     return out
 
 
@@ -157,7 +187,12 @@ def main() -> None:
                  "shipped_tensor_types": shipped_tensor_types()}
     for dtype in ("float32", "bfloat16", "mixed"):
         out[dtype] = bench_dtype(dtype, [1, 8], args.context, args.steps)
-    out["int4_kernel"] = bench_int4([1, 8])
+    exact = out["float32"].pop("_last_logits")
+    for dtype in ("bfloat16", "mixed"):
+        logits = out[dtype].pop("_last_logits")
+        out[dtype]["next_token_logits_vs_float32"] = {"max_abs_difference": round(float((logits - exact).abs().max()), 4),
+                                                      "same_argmax": int(logits.argmax()) == int(exact.argmax())}
+    out["head_products"] = bench_head_products([1, 8])
     out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(out, indent=1))
 
