@@ -28,9 +28,13 @@ def _quantized_engines() -> list[str]:
     return list(torch.backends.quantized.supported_engines)
 
 
-def require_available() -> None:
+def available() -> bool:
     """fbgemm, and with it the float16 product, is built into torch on x86 only."""
-    if "fbgemm" not in _quantized_engines():
+    return "fbgemm" in _quantized_engines()
+
+
+def require_available() -> None:
+    if not available():
         raise ValueError("the mixed dtype needs fbgemm's float16 product, which this torch build lacks "
                          "(x86 CPUs only); use float32 or bfloat16")
 

@@ -196,11 +196,9 @@ def default_dtype() -> str:
     the float32 directory, whatever the dtype of inference."""
     from toolself.models import half_linear
 
-    try:
-        half_linear.require_available()
+    if half_linear.available():
         return "mixed"
-    except ValueError:
-        return "bfloat16" if half_linear.has_bfloat16_kernels() else "float32"
+    return "bfloat16" if half_linear.has_bfloat16_kernels() else "float32"
 
 
 def resolve_dtype(name: str) -> str:
