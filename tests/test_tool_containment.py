@@ -113,6 +113,17 @@ def test_fork_loop_in_python_hits_the_process_limit(ctx):
 
 
 @needs_root
+def test_the_process_limit_is_asked_of_the_kernel_when_proc_shows_fewer(ctx, monkeypatch):
+    sh(ctx, "for i in $(seq 20); do sleep 1000 & done")
+    user = ctx.resources["sandbox_user"]
+    assert len(user.members()) >= 21
+    assert not user.at_process_limit(64)
+    assert user.at_process_limit(22)  # 21 processes and the probe itself: the kernel refuses a 23rd
+    monkeypatch.setattr(user, "members", lambda include_zombies=False: list(range(10)))  # hidden from /proc
+    assert user.at_process_limit(22) and not user.at_process_limit(64)
+
+
+@needs_root
 def test_attempts_run_under_their_own_unprivileged_uid(ctx):
     uid = int(sh(ctx, "id -u").content)
     assert uid != 0 and uid == ctx.resources["sandbox_user"].uid

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import queue
+import resource
 import secrets
 import shutil
 import signal
@@ -224,6 +225,19 @@ def _free_uid() -> int:
             return uid
 
 
+def _fork_refused(limit: int) -> int:
+    """1 if a process held to `limit` processes cannot fork now, else 0."""
+    resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+    try:
+        pid = os.fork()
+    except BlockingIOError:
+        return 1
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return 0
+
+
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
     os.lchown(root, uid, gid)
     for dirpath, dirnames, filenames in os.walk(root):
@@ -313,20 +327,48 @@ class SandboxUser:
             return []
         return [p.pid for p in processes() if p.uid == self.uid and (include_zombies or p.state != "Z")]
 
-    def kill_all(self) -> None:
+    def at_process_limit(self, limit: int) -> bool:
+        """Whether this user may start no more processes.
+
+        /proc settles it when it shows the user at its limit. It can show fewer than the
+        kernel counts (processes outside this pid namespace, or a container's own cap on
+        processes reached first), so a busy user is also asked the kernel's way: can a
+        process of this uid, under this limit, fork?
+        """
         if self.uid is None:
-            return
-        with warnings.catch_warnings():  # the child only makes three system calls and exits
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
-        if pid == 0:  # as the sandbox uid, kill(-1) reaches exactly its processes, atomically
+            return False
+        seen = len(self.members(include_zombies=True))
+        if seen >= limit - 2:
+            return True
+        if seen < limit // 4:
+            return False
+        return self._as_user(lambda: _fork_refused(limit), on_refused=1) == 1
+
+    def _as_user(self, action, on_refused: int = 0) -> int:
+        """Run `action` in a forked child that became this user; its exit code (the action's
+        return value), or `on_refused` when even the child could not be forked."""
+        try:
+            with warnings.catch_warnings():  # the child makes a few system calls and exits
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+        except BlockingIOError:
+            return on_refused
+        if pid == 0:
+            code = 0
             try:
                 os.setgid(self.gid)
                 os.setuid(self.uid)
-                os.kill(-1, signal.SIGKILL)
+                code = action()
             finally:
-                os._exit(0)
-        os.waitpid(pid, 0)
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status)
+
+    def kill_all(self) -> None:
+        if self.uid is None:
+            return
+        # as the sandbox uid, kill(-1) reaches exactly its processes, atomically
+        self._as_user(lambda: os.kill(-1, signal.SIGKILL) or 0)
         kill_pids(self.members)
 
     def renew(self) -> None:
@@ -613,7 +655,7 @@ class SandboxedProcess:
     def _call(self, request: bytes, timeout_s: float | None) -> CallResult:
         timeout_s = self.limits.timeout_s if timeout_s is None else timeout_s
         notes: list[str] = []
-        if self.user.dedicated and len(self.user.members(include_zombies=True)) >= self.limits.processes - 2:
+        if self.user.at_process_limit(self.limits.processes):
             self._process_limit_hit(notes)
         if not self.alive:
             if self.proc is not None:
@@ -644,7 +686,7 @@ class SandboxedProcess:
             except queue.Empty:
                 if self.user.dedicated and time.perf_counter() >= next_check:
                     next_check += 0.5
-                    if len(self.user.members(include_zombies=True)) >= self.limits.processes - 2:
+                    if self.user.at_process_limit(self.limits.processes):
                         status = "processes"
                         break
                 continue
@@ -659,8 +701,8 @@ class SandboxedProcess:
             self.kill()
             result.notes.append(f"timed out after {timeout_s:g} s: every process of the {self.name} was killed "
                                 f"and its state was lost; the next call starts a fresh {self.name}")
-        elif status == "processes":
-            self._process_limit_hit(result.notes)
+        elif status == "processes" or (status == "ok" and self.user.at_process_limit(self.limits.processes)):
+            self._process_limit_hit(result.notes)  # what a finished command printed is still its own
         elif status == "died":
             code = self._peek_exit(2.0)
             self.kill()
