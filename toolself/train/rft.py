@@ -75,8 +75,10 @@ def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int,
     from transformers.trainer_utils import get_last_checkpoint
 
     from toolself.train.compact_head import use_compact_head
+    from toolself.train.frozen_layers import cache_frozen_layers
 
     use_compact_head(trainer.model)
+    frozen = cache_frozen_layers(trainer.model) if getattr(trainer.args, "cache_frozen_layers", False) else None
     output_dir = trainer.args.output_dir
     checkpoint = get_last_checkpoint(output_dir) if resume and Path(output_dir).is_dir() else None
     if checkpoint is None and PartialState().is_main_process:  # a fresh run: a fresh log
@@ -90,6 +92,8 @@ def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int,
                          train_loss=output.training_loss, tokens=collator.tokens, seconds=round(seconds, 3),
                          tokens_per_second=round(collator.tokens / seconds, 2) if seconds and main else 0.0,
                          examples=examples, log=str(log_path), extra=dict(extra or {}) if main else {})
+    if frozen is not None and main:
+        result.extra["frozen_layer_cache"] = frozen.stats()
     if main:
         trainer.processing_class.save_pretrained(str(out_dir))
         (out_dir / "train_result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,114 @@
+"""The frozen-layer cache: later epochs skip the layers below the adapters and lose nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from toolself.train.frozen_layers import cache_frozen_layers, frozen_layer_count  # noqa: E402
+from toolself.train.lora import LoraArguments  # noqa: E402
+
+
+@pytest.fixture
+def student():
+    from toolself.models.local import MissingWeightsError, default_model_dir
+
+    try:
+        return default_model_dir()
+    except MissingWeightsError as exc:
+        pytest.skip(str(exc))
+
+
+def adapted(student, lora_layers: int):
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(str(student), dtype=torch.float32)
+    peft = get_peft_model(model, LoraArguments(lora_layers=lora_layers).peft_config(model))
+    for name, p in peft.named_parameters():
+        if "lora_B" in name:  # as after some training, so that the adapters change the output
+            torch.nn.init.normal_(p, std=0.02)
+    peft.train()
+    return peft
+
+
+def loss_and_grads(model, ids):
+    model.zero_grad()
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def batch(seed: int, length: int = 40):
+    return torch.randint(0, 5000, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_a_second_pass_reuses_the_frozen_layers_and_gives_the_same_loss_and_gradients(student):
+    model = adapted(student, lora_layers=3)
+    ids = batch(0)
+    reference = loss_and_grads(model, ids)
+    cache = cache_frozen_layers(model)
+    assert cache is not None and cache.frozen == model.config.num_hidden_layers - 3
+    first = loss_and_grads(model, ids)
+    second = loss_and_grads(model, ids)
+    assert (cache.misses, cache.hits, len(cache.outputs)) == (1, 1, 1)
+    for loss, grads in (first, second):
+        assert torch.equal(loss, reference[0])
+        assert all(torch.equal(grads[n], g) for n, g in reference[1].items())
+
+
+def test_a_different_sequence_is_computed_not_replayed(student):
+    model = adapted(student, lora_layers=3)
+    cache = cache_frozen_layers(model)
+    loss_and_grads(model, batch(0))
+    other = batch(1)
+    assert torch.equal(loss_and_grads(model, other)[0], torch.as_tensor(_uncached_loss(student, other)))
+    assert (cache.misses, cache.hits) == (2, 0)
+
+
+def _uncached_loss(student, ids) -> float:
+    model = adapted(student, lora_layers=3)
+    with torch.no_grad():
+        return model(input_ids=ids, labels=ids).loss
+
+
+def test_the_adapter_disabled_reference_pass_reuses_the_policys_frozen_layers(student):
+    model = adapted(student, lora_layers=3)
+    ids = batch(2)
+    with torch.no_grad(), model.disable_adapter():
+        expected = model(input_ids=ids).logits
+    cache = cache_frozen_layers(model)
+    with torch.no_grad():
+        policy = model(input_ids=ids).logits
+        with model.disable_adapter():
+            reference = model(input_ids=ids).logits
+    assert cache.hits == 1 and torch.equal(reference, expected) and not torch.equal(policy, reference)
+
+
+def test_decoding_with_a_kv_cache_runs_every_layer(student):
+    model = adapted(student, lora_layers=3)
+    ids = batch(3, length=12)
+    model.eval()
+    expected = model.generate(input_ids=ids, max_new_tokens=4, do_sample=False)
+    cache = cache_frozen_layers(model)
+    model(input_ids=ids)  # cached ...
+    assert torch.equal(model.generate(input_ids=ids, max_new_tokens=4, do_sample=False), expected)  # ... not replayed
+    assert cache.hits == 0
+
+
+def test_memory_is_bounded_and_past_the_bound_sequences_are_just_computed(student):
+    model = adapted(student, lora_layers=3)
+    cache = cache_frozen_layers(model, max_bytes=40 * model.config.hidden_size * 4)  # one 40-token batch
+    with torch.no_grad():
+        for seed in (0, 1, 0, 1):
+            model(input_ids=batch(seed))
+    assert len(cache.outputs) == 1 and (cache.hits, cache.misses) == (1, 3)
+
+
+def test_nothing_is_cached_when_every_layer_is_adapted(student):
+    model = adapted(student, lora_layers=0)
+    assert frozen_layer_count(model.get_base_model().get_decoder().layers) == 0
+    assert cache_frozen_layers(model) is None
