@@ -1,7 +1,7 @@
 """Training throughput of CAT's two stages on the embedded model, on this machine.
 
     python benchmarks/train.py [--steps 3] [--max-length 512] [--batch-size 2]
-    python benchmarks/train.py --compare [--steps 4] [--max-length 2048]
+    python benchmarks/train.py --compare [--steps 4] [--max-length 2048] [--setups before,default,...]
 
 Each stage runs in its own process (so each peak memory is its own): RFT (SFTTrainer + LoRA)
 and KTO (KTOTrainer + LoRA, reference = the adapter-disabled model) on examples built from the
@@ -12,7 +12,8 @@ KL sequences are reported apart), seconds, and peak resident memory (ru_maxrss) 
 `--compare` runs RFT alone in three set-ups side by side on the same sequences: `before` (fp32,
 gradient checkpointing, TRL's tiled head over every position, 2 sequences per step), `default`
 (this machine's defaults: bf16 where the CPU has it, the compact head, 1 sequence per step
-without recomputation) and `default + lora_layers=12`.
+without recomputation) and `default` with adapters on the top 12, 6 or 4 layers only; then two
+epochs over half the sequences with and without the frozen-layer cache.
 """
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ SETUPS = {
     "before": {"bf16": False, "gradient_checkpointing": True, "per_device_train_batch_size": 2, "tiled_head": True},
     "default": {"per_device_train_batch_size": 1},
     "default+lora_layers=12": {"per_device_train_batch_size": 1, "lora_layers": 12},
+    "default+lora_layers=6": {"per_device_train_batch_size": 1, "lora_layers": 6},
+    "default+lora_layers=4": {"per_device_train_batch_size": 1, "lora_layers": 4},
+    # two passes over half as many sequences: the second pass is where the frozen-layer cache pays
+    "default+lora_layers=12+2_epochs+no_cache": {"per_device_train_batch_size": 1, "lora_layers": 12, "epochs": 2,
+                                                 "cache_frozen_layers": False},
+    "default+lora_layers=12+2_epochs": {"per_device_train_batch_size": 1, "lora_layers": 12, "epochs": 2},
+    "default+lora_layers=4+2_epochs+no_cache": {"per_device_train_batch_size": 1, "lora_layers": 4, "epochs": 2,
+                                                "cache_frozen_layers": False},
+    "default+lora_layers=4+2_epochs": {"per_device_train_batch_size": 1, "lora_layers": 4, "epochs": 2},
 }
 
 
@@ -61,16 +71,19 @@ def phase(name: str, steps: int, max_length: int, batch_size: int, setup: str | 
             import toolself.train.compact_head as compact
 
             compact.use_compact_head = lambda model: False  # read by the trainer at call time
+        epochs = options.pop("epochs", 1)
         common.update(options)
         common["max_steps"] = max(1, steps // common["per_device_train_batch_size"])
         batch_size = common["per_device_train_batch_size"]
+    else:
+        epochs = 1
     with tempfile.TemporaryDirectory() as tmp:
         if name == "rft":
             from toolself.train.rft import train_rft
             from toolself.train.rft_config import RFTConfig
 
             dataset, _ = D.build_sft_dataset(found, renderer, max_length=max_length)
-            dataset = dataset.select(range(min(len(dataset), common["max_steps"] * batch_size)))
+            dataset = dataset.select(range(min(len(dataset), max(1, common["max_steps"] * batch_size // epochs))))
             result = train_rft(dataset, student, Path(tmp) / "out", RFTConfig(output_dir=tmp + "/ck", **common))
         else:
             from toolself.train.kto import train_kto
@@ -85,6 +98,7 @@ def phase(name: str, steps: int, max_length: int, batch_size: int, setup: str | 
     return {"steps": result.steps, "examples": len(dataset), "mean_sequence_tokens": round(sum(lengths) / len(lengths), 1),
             "tokens": result.tokens, "kl_tokens": result.extra.get("kl_tokens"), "train_seconds": result.seconds,
             "tokens_per_second": result.tokens_per_second, "final_loss": result.train_loss,
+            "frozen_layer_cache": result.extra.get("frozen_layer_cache"),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
@@ -93,7 +107,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--max-length", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=2)
-    parser.add_argument("--compare", action="store_true", help="RFT in three set-ups side by side")
+    parser.add_argument("--compare", action="store_true", help="RFT in several set-ups side by side")
+    parser.add_argument("--setups", default=",".join(SETUPS), help="which set-ups --compare runs, comma-separated")
     parser.add_argument("--phase", choices=["rft", "kto"], help=argparse.SUPPRESS)
     parser.add_argument("--setup", choices=list(SETUPS), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -108,7 +123,11 @@ def main() -> None:
                           "device": "cuda" if torch.cuda.is_available() else "cpu"},
               "settings": {"steps": args.steps, "max_length": args.max_length, "batch_size": args.batch_size,
                            "lora": "r=16, alpha=32, all linear layers", "model": "SmolLM2-135M-Instruct (fp32)"}}
-    runs = [(s, "rft", ["--setup", s]) for s in SETUPS] if args.compare else [(n, n, []) for n in ("rft", "kto")]
+    setups = [s for s in args.setups.split(",") if s]
+    unknown = sorted(set(setups) - set(SETUPS))
+    if unknown:
+        parser.error(f"unknown set-up(s) {', '.join(unknown)}; choose from {', '.join(SETUPS)}")
+    runs = [(s, "rft", ["--setup", s]) for s in setups] if args.compare else [(n, n, []) for n in ("rft", "kto")]
     for key, name, extra in runs:
         started = time.perf_counter()
         done = subprocess.run([sys.executable, __file__, "--phase", name, "--steps", str(args.steps),
@@ -119,9 +138,10 @@ def main() -> None:
             continue
         report[key] = json.loads(done.stdout.strip().splitlines()[-1])
         report[key]["wall_seconds"] = round(time.perf_counter() - started, 1)
-    if args.compare and "tokens_per_second" in report.get("before", {}):
-        report["speedup_over_before"] = {s: round(report[s]["tokens_per_second"] / report["before"]["tokens_per_second"], 2)
-                                         for s in SETUPS if "tokens_per_second" in report.get(s, {})}
+    if args.compare and "tokens_per_second" in report.get(setups[0], {}):
+        base = report[setups[0]]["tokens_per_second"]
+        report[f"speedup_over_{setups[0]}"] = {s: round(report[s]["tokens_per_second"] / base, 2)
+                                               for s in setups if "tokens_per_second" in report.get(s, {})}
     print(json.dumps(report, indent=2))
 
 
