@@ -65,6 +65,7 @@ def phase(name: str, steps: int, max_length: int, batch_size: int, setup: str | 
     renderer = D.Renderer(AutoTokenizer.from_pretrained(str(student)), D.tool_schemas(pool))
     common = dict(max_steps=steps, per_device_train_batch_size=batch_size, gradient_accumulation_steps=1,
                   warmup_steps=0, disable_tqdm=True)
+    epochs = 1
     if setup is not None:
         options = dict(SETUPS[setup])
         if options.pop("tiled_head", False):
@@ -75,8 +76,6 @@ def phase(name: str, steps: int, max_length: int, batch_size: int, setup: str | 
         common.update(options)
         common["max_steps"] = max(1, steps // common["per_device_train_batch_size"])
         batch_size = common["per_device_train_batch_size"]
-    else:
-        epochs = 1
     with tempfile.TemporaryDirectory() as tmp:
         if name == "rft":
             from toolself.train.rft import train_rft

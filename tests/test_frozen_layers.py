@@ -37,7 +37,7 @@ def adapted(student, lora_layers: int):
 
 def loss_and_grads(model, ids):
     model.zero_grad()
-    loss = model(input_ids=ids, labels=ids).loss
+    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
     loss.backward()
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
 
@@ -72,19 +72,19 @@ def test_a_different_sequence_is_computed_not_replayed(student):
 def _uncached_loss(student, ids) -> float:
     model = adapted(student, lora_layers=3)
     with torch.no_grad():
-        return model(input_ids=ids, labels=ids).loss
+        return model(input_ids=ids, labels=ids, use_cache=False).loss
 
 
 def test_the_adapter_disabled_reference_pass_reuses_the_policys_frozen_layers(student):
     model = adapted(student, lora_layers=3)
     ids = batch(2)
     with torch.no_grad(), model.disable_adapter():
-        expected = model(input_ids=ids).logits
+        expected = model(input_ids=ids, use_cache=False).logits
     cache = cache_frozen_layers(model)
     with torch.no_grad():
-        policy = model(input_ids=ids).logits
+        policy = model(input_ids=ids, use_cache=False).logits
         with model.disable_adapter():
-            reference = model(input_ids=ids).logits
+            reference = model(input_ids=ids, use_cache=False).logits
     assert cache.hits == 1 and torch.equal(reference, expected) and not torch.equal(policy, reference)
 
 
@@ -94,9 +94,10 @@ def test_decoding_with_a_kv_cache_runs_every_layer(student):
     model.eval()
     expected = model.generate(input_ids=ids, max_new_tokens=4, do_sample=False)
     cache = cache_frozen_layers(model)
-    model(input_ids=ids)  # cached ...
+    model(input_ids=ids, use_cache=False)  # cached ...
     assert torch.equal(model.generate(input_ids=ids, max_new_tokens=4, do_sample=False), expected)  # ... not replayed
-    assert cache.hits == 0
+    model(input_ids=ids)  # nor for a forward that builds a KV cache by the config's default
+    assert cache.hits == 0 and len(cache.outputs) == 1
 
 
 def test_memory_is_bounded_and_past_the_bound_sequences_are_just_computed(student):
@@ -104,7 +105,7 @@ def test_memory_is_bounded_and_past_the_bound_sequences_are_just_computed(studen
     cache = cache_frozen_layers(model, max_bytes=40 * model.config.hidden_size * 4)  # one 40-token batch
     with torch.no_grad():
         for seed in (0, 1, 0, 1):
-            model(input_ids=batch(seed))
+            model(input_ids=batch(seed), use_cache=False)
     assert len(cache.outputs) == 1 and (cache.hits, cache.misses) == (1, 3)
 
 

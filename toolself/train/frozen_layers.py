@@ -80,8 +80,12 @@ def cache_frozen_layers(model: Any, max_bytes: int = DEFAULT_MAX_BYTES) -> Froze
     cache = FrozenLayerCache(frozen, max_bytes)
 
     def remember_batch(module, args, kwargs):
-        decoding = kwargs.get("use_cache") or kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None
-        cache.key = None if decoding else _batch_key(kwargs, args)  # a KV cache needs every layer to run
+        # A KV cache, passed or built from the config's default, needs every layer to run; the
+        # trainers ask for none.
+        use_cache = kwargs.get("use_cache")
+        decoding = (config.use_cache if use_cache is None else use_cache) or kwargs.get("cache") is not None \
+            or kwargs.get("past_key_values") is not None
+        cache.key = None if decoding else _batch_key(kwargs, args)
         cache.replaying = False
 
     decoder.register_forward_pre_hook(remember_batch, with_kwargs=True)
