@@ -9,11 +9,12 @@ expert teacher's trajectories on built-in research tasks, cut to `--max-length` 
 one JSON object: tokens per second (real, unpadded tokens of the trained sequences; KTO's extra
 KL sequences are reported apart), seconds, and peak resident memory (ru_maxrss) per stage.
 
-`--compare` runs RFT alone in three set-ups side by side on the same sequences: `before` (fp32,
+`--compare` runs the set-ups side by side on the same sequences: for RFT, `before` (fp32,
 gradient checkpointing, TRL's tiled head over every position, 2 sequences per step), `default`
 (this machine's defaults: bf16 where the CPU has it, the compact head, 1 sequence per step
 without recomputation) and `default` with adapters on the top 12, 6 or 4 layers only; then two
-epochs over half the sequences with and without the frozen-layer cache.
+epochs over half the sequences with and without the frozen-layer cache; for KTO, adapters on the
+top 12 layers with and without recomputing the forward pass (`--batch-size` decisions per step).
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ SETUPS = {
     "default+lora_layers=4+2_epochs+no_cache": {"per_device_train_batch_size": 1, "lora_layers": 4, "epochs": 2,
                                                 "cache_frozen_layers": False},
     "default+lora_layers=4+2_epochs": {"per_device_train_batch_size": 1, "lora_layers": 4, "epochs": 2},
+    # KTO: micro-batches of two decisions (its KL estimate needs pairs), with and without recomputation
+    "kto+lora_layers=12+checkpointing": {"lora_layers": 12, "activation_checkpointing": True},
+    "kto+lora_layers=12": {"lora_layers": 12, "activation_checkpointing": False},
 }
 
 
@@ -126,7 +130,8 @@ def main() -> None:
     unknown = sorted(set(setups) - set(SETUPS))
     if unknown:
         parser.error(f"unknown set-up(s) {', '.join(unknown)}; choose from {', '.join(SETUPS)}")
-    runs = [(s, "rft", ["--setup", s]) for s in setups] if args.compare else [(n, n, []) for n in ("rft", "kto")]
+    runs = [(s, "kto" if s.startswith("kto") else "rft", ["--setup", s]) for s in setups] if args.compare \
+        else [(n, n, []) for n in ("rft", "kto")]
     for key, name, extra in runs:
         started = time.perf_counter()
         done = subprocess.run([sys.executable, __file__, "--phase", name, "--steps", str(args.steps),
@@ -137,10 +142,11 @@ def main() -> None:
             continue
         report[key] = json.loads(done.stdout.strip().splitlines()[-1])
         report[key]["wall_seconds"] = round(time.perf_counter() - started, 1)
-    if args.compare and "tokens_per_second" in report.get(setups[0], {}):
-        base = report[setups[0]]["tokens_per_second"]
-        report[f"speedup_over_{setups[0]}"] = {s: round(report[s]["tokens_per_second"] / base, 2)
-                                               for s in setups if "tokens_per_second" in report.get(s, {})}
+    for stage in ("rft", "kto") if args.compare else ():
+        group = [s for s in setups if s.startswith("kto") == (stage == "kto") and "tokens_per_second" in report[s]]
+        if group:
+            base = report[group[0]]["tokens_per_second"]
+            report[f"speedup_over_{group[0]}"] = {s: round(report[s]["tokens_per_second"] / base, 2) for s in group}
     print(json.dumps(report, indent=2))
 
 

@@ -222,8 +222,10 @@ def _recipe() -> dict[str, Any]:
         "agent": {"context_budget": 2000, "config_max_text": 600, "max_stages": 3, "max_steps_per_stage": 6},
         "rft": {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4, "num_train_epochs": 2,
                 "learning_rate": 1e-3, "lora_layers": 12},
+        # KTO's micro-batches of two padded decisions would recompute the forward pass by default; with
+        # adapters on 12 layers the longest decisions peak at 6 GB without it, at 1.4-1.9x the speed.
         "kto": {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "max_steps": 6,
-                "learning_rate": 1e-4, "lora_layers": 12},
+                "learning_rate": 1e-4, "lora_layers": 12, "activation_checkpointing": False},
     }
 
 
