@@ -58,6 +58,11 @@ SETUPS = {
 }
 
 
+def stage_of(setup: str) -> str:
+    """Which trainer a set-up runs: its name says so."""
+    return "kto" if setup.startswith("kto") else "rft"
+
+
 def phase(name: str, steps: int, max_length: int, batch_size: int, setup: str | None = None) -> dict:
     from transformers import AutoTokenizer
 
@@ -130,8 +135,7 @@ def main() -> None:
     unknown = sorted(set(setups) - set(SETUPS))
     if unknown:
         parser.error(f"unknown set-up(s) {', '.join(unknown)}; choose from {', '.join(SETUPS)}")
-    runs = [(s, "kto" if s.startswith("kto") else "rft", ["--setup", s]) for s in setups] if args.compare \
-        else [(n, n, []) for n in ("rft", "kto")]
+    runs = [(s, stage_of(s), ["--setup", s]) for s in setups] if args.compare else [(n, n, []) for n in ("rft", "kto")]
     for key, name, extra in runs:
         started = time.perf_counter()
         done = subprocess.run([sys.executable, __file__, "--phase", name, "--steps", str(args.steps),
@@ -143,7 +147,7 @@ def main() -> None:
         report[key] = json.loads(done.stdout.strip().splitlines()[-1])
         report[key]["wall_seconds"] = round(time.perf_counter() - started, 1)
     for stage in ("rft", "kto") if args.compare else ():
-        group = [s for s in setups if s.startswith("kto") == (stage == "kto") and "tokens_per_second" in report[s]]
+        group = [s for s in setups if stage_of(s) == stage and "tokens_per_second" in report[s]]
         if group:
             base = report[group[0]]["tokens_per_second"]
             report[f"speedup_over_{group[0]}"] = {s: round(report[s]["tokens_per_second"] / base, 2) for s in group}
