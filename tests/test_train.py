@@ -148,6 +148,22 @@ def test_kto_refuses_a_batch_too_small_for_its_kl_estimate():
         KTOConfig(output_dir="unused", per_device_train_batch_size=1)
 
 
+def test_single_sequence_steps_on_a_cpu_do_not_recompute_the_forward_pass_and_do_not_warn(tmp_path):
+    import warnings
+
+    import torch
+    from toolself.train.rft_config import RFTConfig
+
+    if torch.cuda.is_available():
+        pytest.skip("the rule is for CPUs")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*checkpointing.*deprecated")
+        single = RFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=1)
+    padded = RFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=2)
+    assert not single.gradient_checkpointing and not getattr(single, "activation_checkpointing", False)
+    assert padded.gradient_checkpointing
+
+
 def test_the_cat_pipeline_resumes_after_its_last_finished_step_and_refuses_other_settings(tmp_path, student):
     from toolself.train.pipeline import CATSettings, PipelineMismatch, run_cat
 

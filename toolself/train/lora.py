@@ -110,7 +110,9 @@ def accelerator_defaults(config: Any) -> None:
     if not gpu and config.bf16:
         config.use_cpu = True  # the Trainer's spelling of "bf16 autocast on the CPU is intended"
     if not gpu and config.per_device_train_batch_size == 1:
-        config.gradient_checkpointing = False
+        # transformers 5.24 renamed the option; setting the old name there works but warns.
+        name = "activation_checkpointing" if hasattr(config, "activation_checkpointing") else "gradient_checkpointing"
+        setattr(config, name, False)
 
 
 def load_base(path: str | Path):
