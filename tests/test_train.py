@@ -184,14 +184,15 @@ def test_the_cat_pipeline_resumes_after_its_last_finished_step_and_refuses_other
                 stop_after="data_sft", echo=lines.append)
 
 
-def test_a_data_step_with_nothing_to_train_on_stays_unfinished(tmp_path, student):
+@pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "isolated"])
+def test_a_data_step_with_nothing_to_train_on_stays_unfinished(tmp_path, student, isolate):
     from toolself.train.pipeline import CATSettings, EmptyData, run_cat
 
     # one action per stage: the expert cannot finish, so no attempt succeeds
     settings = CATSettings(tasks=["builtin:research?hops=2"], teacher_samples=1, limit=1, concurrency=1,
                            agent={"max_stages": 1, "max_steps_per_stage": 1})
     with pytest.raises(EmptyData, match="none of the teacher's 1 attempts succeeded"):
-        run_cat(settings, tmp_path, echo=lambda line: None)
+        run_cat(settings, tmp_path, echo=lambda line: None, isolate=isolate)
     state = json.loads((tmp_path / "state.json").read_text())
     assert list(state["steps"]) == ["collect_teacher"]
 

@@ -344,7 +344,7 @@ def cat_command(
     ray_cpus: float = typer.Option(1.0, help="Ray CPUs each attempt holds."),
 ) -> None:
     """CAT end to end: collect -> RFT -> collect -> KTO -> evaluate, resumable step by step."""
-    from toolself.train.pipeline import CATSettings, PipelineMismatch, run_cat
+    from toolself.train.pipeline import CATSettings, PipelineMismatch, StepDied, run_cat
 
     try:
         settings = CATSettings(tasks=_split(tasks), teacher=teacher, student=student, teacher_samples=teacher_samples,
@@ -361,8 +361,8 @@ def cat_command(
     try:
         results = run_cat(settings, out, force=force, stop_after=stop_after,
                           echo=lambda line: console.print(line, markup=False, highlight=False),
-                          backend=_backend(backend, address, ray_cpus))
-    except (PipelineMismatch, ValueError, FileNotFoundError) as exc:
+                          backend=_backend(backend, address, ray_cpus), isolate=True)
+    except (PipelineMismatch, ValueError, FileNotFoundError, StepDied) as exc:
         _fail(str(exc))
     if "evaluate" in results:
         console.print_json(json.dumps(results["evaluate"]))
@@ -383,7 +383,7 @@ def study_command(
     """The paper's training claim on the built-in suites: CAT for ToolSelf and for the vanilla
     agent (same teacher, budget, recipe), trained on research, data and code, evaluated on all
     four held-out suites; prints and writes the table."""
-    from toolself.train.pipeline import PipelineMismatch
+    from toolself.train.pipeline import PipelineMismatch, StepDied
     from toolself.train.study import PRESETS, publish, run_study
 
     if preset not in PRESETS:
@@ -398,8 +398,8 @@ def study_command(
         settings.cat["concurrency"] = concurrency
     try:
         summary = run_study(settings, out, force=force, backend=_backend(backend, address, 1.0),
-                            echo=lambda line: console.print(line, markup=False, highlight=False))
-    except (PipelineMismatch, ValueError, FileNotFoundError) as exc:
+                            echo=lambda line: console.print(line, markup=False, highlight=False), isolate=True)
+    except (PipelineMismatch, ValueError, FileNotFoundError, StepDied) as exc:
         _fail(str(exc))
     console.print(summary["markdown"], markup=False, highlight=False)
     console.print(f"table: {out / 'results.md'}   plots: {out / 'accuracy.png'}")

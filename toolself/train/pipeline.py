@@ -141,19 +141,11 @@ def evaluate(settings: CATSettings, model: str, out: Path, backend: Any = "local
 
 
 def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_after: str | None = None,
-            echo: Callable[[str], None] = print, backend: Any = "local") -> dict[str, Any]:
+            echo: Callable[[str], None] = print, backend: Any = "local", isolate: bool = False) -> dict[str, Any]:
     """Run (or resume) the pipeline; returns the state's step results. backend: where the
     collection and evaluation attempts run (`local`, `ray`, a runner Backend); not a setting of
-    the results, so a run may resume on another backend."""
-    from toolself.train import data as D
-    from toolself.train.collect import collect, load_any
-    from toolself.train.kto import train_kto
-    from toolself.train.kto_config import KTOConfig
-    from toolself.train.lora import resolve_model_path
-    from toolself.train.plots import plot_log
-    from toolself.train.rft import train_rft
-    from toolself.train.rft_config import RFTConfig
-
+    the results, so a run may resume on another backend. isolate: run each step in a process of
+    its own (see `isolated`), as the command line does, so that memory does not pile up over a run."""
     if stop_after is not None and stop_after not in STEPS:
         raise ValueError(f"unknown step {stop_after!r}; steps: {list(STEPS)}")
     out = Path(out)
@@ -163,6 +155,36 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
         raise PipelineMismatch(f"{out} holds a CAT run with other settings; use another folder or force")
     state.data["settings"] = wanted
     state.save()
+    for step in STEPS:
+        if state.done(step):
+            echo(f"[{step}] done earlier, skipped")
+        else:
+            echo(f"[{step}] running")
+            started = time.monotonic()
+            if isolate:
+                result = isolated(run_step, settings, out, step, print, backend)
+            else:
+                result = run_step(settings, out, step, echo, backend)
+            state.finish(step, result, time.monotonic() - started)
+            echo(f"[{step}] finished in {time.monotonic() - started:.1f} s: {json.dumps(result, default=str)[:300]}")
+        if step == stop_after:
+            break
+    return {s: state.result(s) for s in STEPS if state.done(s)}
+
+
+def run_step(settings: CATSettings, out: Path, step: str, echo: Callable[[str], None] = print,
+             backend: Any = "local") -> dict[str, Any]:
+    """One step's work on what the steps before it left in `out`; returns its result."""
+    from toolself.train import data as D
+    from toolself.train.collect import collect, load_any
+    from toolself.train.kto import train_kto
+    from toolself.train.kto_config import KTOConfig
+    from toolself.train.lora import resolve_model_path
+    from toolself.train.plots import plot_log
+    from toolself.train.rft import train_rft
+    from toolself.train.rft_config import RFTConfig
+
+    state = State(out)
     student = resolve_model_path(settings.student)
     rft_dir, kto_dir = out / "rft", out / "kto"
 
@@ -258,15 +280,56 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
     bodies = {"collect_teacher": step_collect_teacher, "data_sft": step_data_sft, "rft": step_rft,
               "collect_policy": step_collect_policy, "data_kto": step_data_kto, "kto": step_kto,
               "evaluate": step_evaluate}
-    for step in STEPS:
-        if state.done(step):
-            echo(f"[{step}] done earlier, skipped")
-        else:
-            echo(f"[{step}] running")
-            started = time.monotonic()
-            result = bodies[step]()
-            state.finish(step, result, time.monotonic() - started)
-            echo(f"[{step}] finished in {time.monotonic() - started:.1f} s: {json.dumps(result, default=str)[:300]}")
-        if step == stop_after:
-            break
-    return {s: state.result(s) for s in STEPS if state.done(s)}
+    return bodies[step]()
+
+
+class StepDied(RuntimeError):
+    """A step's process ended without a result (killed, most often for lack of memory)."""
+
+
+def isolated(function: Callable[..., Any], *args: Any) -> Any:
+    """`function(*args)` in a fresh process, so that what it allocates goes back to the system
+    when it ends. Run in one process, the demo study grew to 24 GB, the machine's whole memory,
+    by its tenth step (trainers, frozen-layer caches and inference engines, one after another)
+    and was killed; the evaluation before the kill ran a hundred times slower while the system
+    paged. `function` and `args` must pickle; the child prints its own progress, and its
+    exception, if any, is raised here."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")  # a fork would inherit the parent's threads and heap
+    receive, send = context.Pipe(duplex=False)
+    name = getattr(function, "__name__", "step")
+    child = context.Process(target=_call_in_child, args=(function, args, send), name=f"toolself-{name}")
+    child.start()
+    send.close()
+    try:
+        kind, payload = receive.recv()
+    except EOFError:
+        child.join()
+        killed = " (killed: out of memory?)" if child.exitcode == -9 else ""
+        raise StepDied(f"{name}'s process ended without a result, exit code {child.exitcode}{killed}; "
+                       "rerun to redo the step") from None
+    finally:
+        receive.close()
+    child.join()
+    if kind == "error":
+        raise payload
+    return payload
+
+
+def _call_in_child(function: Callable[..., Any], args: tuple[Any, ...], send: Any) -> None:
+    try:
+        send.send(("result", function(*args)))
+    except BaseException as exc:
+        import pickle
+        import traceback
+
+        if not isinstance(exc, (EmptyData, PipelineMismatch)):
+            exc.add_note("in the step's process:\n" + "".join(traceback.format_exception(exc)).rstrip())
+        try:
+            pickle.dumps(exc)
+        except Exception:
+            exc = RuntimeError("".join(traceback.format_exception(exc)).rstrip())
+        send.send(("error", exc))
+    finally:
+        send.close()

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from toolself.train.pipeline import (STEPS, CATSettings, PipelineMismatch, State, evaluate, run_cat,
+from toolself.train.pipeline import (STEPS, CATSettings, PipelineMismatch, State, evaluate, isolated, run_cat,
                                      student_spec)
 
 STUDY_FILE = "study.json"
@@ -68,16 +68,17 @@ def pipeline_dir(out: Path, method: str, seed: int) -> Path:
 
 
 def run_study(settings: StudySettings, out: str | Path, *, force: bool = False,
-              echo: Callable[[str], None] = print, backend: Any = "local") -> dict[str, Any]:
-    """Run (or resume) every pipeline, then write the table; returns its summary."""
+              echo: Callable[[str], None] = print, backend: Any = "local", isolate: bool = False) -> dict[str, Any]:
+    """Run (or resume) every pipeline, then write the table; returns its summary. isolate: each
+    evaluation and pipeline step in a process of its own (`pipeline.isolated`)."""
     out = Path(out)
     claim(out, settings, force)
-    zero_shot(settings, out, echo, backend)
+    zero_shot(settings, out, echo, backend, isolate)
     for seed in settings.seeds:
         for method in settings.methods:
             echo(f"== {method}, seed {seed} ==")
             run_cat(settings.pipeline(method, seed), pipeline_dir(out, method, seed), force=force, echo=echo,
-                    backend=backend)
+                    backend=backend, isolate=isolate)
     return write_results(out, settings)
 
 
@@ -95,10 +96,19 @@ def claim(out: Path, settings: StudySettings, force: bool = False) -> None:
     path.write_text(json.dumps(wanted, indent=2) + "\n", encoding="utf-8")
 
 
-def zero_shot(settings: StudySettings, out: Path, echo: Callable[[str], None], backend: Any) -> None:
+def zero_shot(settings: StudySettings, out: Path, echo: Callable[[str], None], backend: Any,
+              isolate: bool = False) -> None:
     cat = settings.pipeline(next(r.method for r in ROWS if r.model == "student"), settings.seeds[0])
     echo(f"== {cat.method}, zero-shot ==")
-    evaluate(cat, student_spec(cat), out / "zero-shot", backend)
+    if isolate:
+        isolated(_evaluate_quietly, cat, student_spec(cat), out / "zero-shot", backend)
+    else:
+        evaluate(cat, student_spec(cat), out / "zero-shot", backend)
+
+
+def _evaluate_quietly(*args: Any) -> None:
+    """`evaluate` for a child process: the records are on disk, so nothing needs to come back."""
+    evaluate(*args)
 
 
 def study_records(out: Path, settings: StudySettings) -> list[Any]:
