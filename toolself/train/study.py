@@ -226,9 +226,9 @@ def _recipe() -> dict[str, Any]:
     """The CAT settings of both presets; the experiments that chose them are in
     docs/results/cat-cpu.md."""
     return {
-        "teacher": "expert", "teacher_samples": 1, "limit": 12,
+        "teacher": "expert", "teacher_samples": 1, "limit": 36,
         "policy_samples": 2, "policy_limit": 3, "temperature": 0.7,
-        "eval_limit": 4, "max_length": 4096, "concurrency": 8, "timeout": 300.0, "dtype": "bfloat16",
+        "eval_limit": 4, "max_length": 4096, "concurrency": 8, "timeout": 300.0, "dtype": "auto",
         "agent": {"context_budget": 2000, "config_max_text": 600, "max_stages": 3, "max_steps_per_stage": 6},
         "rft": {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4, "num_train_epochs": 2,
                 "learning_rate": 1e-3, "lora_layers": 12},
