@@ -289,8 +289,8 @@ class StepDied(RuntimeError):
 
 def isolated(function: Callable[..., Any], *args: Any) -> Any:
     """`function(*args)` in a fresh process, so that what it allocates goes back to the system
-    when it ends. Run in one process, the demo study grew to 24 GB, the machine's whole memory,
-    by its tenth step (trainers, frozen-layer caches and inference engines, one after another)
+    when it ends. Run in one process, the demo study (trainers, frozen-layer caches and inference
+    engines, one after another) grew to 24 GB, the machine's whole memory, in its eleventh step
     and was killed; the evaluation before the kill ran a hundred times slower while the system
     paged. `function` and `args` must pickle; the child prints its own progress, and its
     exception, if any, is raised here."""
