@@ -240,7 +240,8 @@ def _recipe() -> dict[str, Any]:
 
 
 def demo_preset() -> StudySettings:
-    """One seed at the scale `make cat-demo` runs in under 90 minutes on 2 CPU cores."""
+    """One seed (`make cat-demo`), at the smallest scale that learned anything on validation
+    tasks: about 110 minutes on 2 CPU cores (docs/results/cat-cpu.md)."""
     return StudySettings(TRAIN_SUITES, EVAL_SUITES, seeds=[0], cat=_recipe())
 
 
