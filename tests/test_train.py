@@ -223,6 +223,29 @@ def test_the_compact_head_scores_exactly_what_trls_fused_head_scores(student):
     assert float(compact.loss) == pytest.approx(float(tiled.loss), abs=1e-5)
 
 
+def test_the_compact_head_gives_the_gradients_trls_fused_head_gives(student):
+    import torch
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    from toolself.train.compact_head import use_compact_head
+
+    ids = torch.randint(0, 1000, (1, 32), generator=torch.Generator().manual_seed(1))
+    labels = ids.clone()
+    labels[0, :20] = D.IGNORE
+    grads = []
+    for compact in (False, True):
+        model = AutoModelForCausalLM.from_pretrained(str(student), dtype=torch.float32)
+        model.requires_grad_(False)
+        model.model.norm.weight.requires_grad_(True)  # the head stays frozen, as under LoRA
+        add_fused_lm_head(model, outputs=("log_probs", "entropy", "mean_logits", "is_top1"))
+        if compact:
+            assert use_compact_head(model)
+        model(input_ids=ids, labels=labels, fused_lm_head=True).loss.backward()
+        grads.append(model.model.norm.weight.grad)
+    assert torch.allclose(grads[1], grads[0], atol=1e-6, rtol=1e-4)
+
+
 def test_lora_layers_adapts_only_the_top_layers_and_leaves_the_rest_without_gradients(student):
     import torch
     from peft import get_peft_model
