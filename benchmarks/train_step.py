@@ -1,0 +1,176 @@
+"""Where one RFT step of the CAT recipe goes, and what attention costs there: prints one JSON object.
+
+The step is the recipe's (`toolself/train/study.py`): SmolLM2-135M-Instruct with LoRA r=16 on
+the top 12 decoder layers, bf16 autocast where the CPU has it, the compact head, one sequence,
+forward and backward, no frozen-layer cache (a first-epoch step). For each `--lengths` it times
+the step and profiles it into attention forward / backward (torch's CPU flash kernel), matrix
+products, the output head's work over the labelled tokens, and the rest (element-wise ops,
+casts, copies). Sequences are real ones from `--data` (a CAT run's `data/sft`: the row closest
+to each length) or else random token ids with the last 15% labelled, the share of an RFT
+sequence the policy wrote.
+
+The attention part times the flash kernel's forward and backward alone at the model's shape
+(9 query heads of 64, causal) in bfloat16 and float32, against a query-blocked attention built
+from matrix products (what a hand-written backward would have to beat), and says whether
+FlexAttention can run a backward pass on this device.
+
+Usage: python benchmarks/train_step.py [--lengths 1650,2900] [--data DIR] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+
+import torch
+
+HEADS, HEAD_DIM = 9, 64
+ATTENTION_FORWARD = "aten::_scaled_dot_product_flash_attention_for_cpu"
+ATTENTION_BACKWARD = ATTENTION_FORWARD + "_backward"
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
+
+
+def recipe_model():
+    from peft import get_peft_model
+
+    from toolself.models.half_linear import has_bfloat16_kernels
+    from toolself.train.compact_head import use_compact_head
+    from toolself.train.lora import LoraArguments, load_base, resolve_model_path
+
+    model, _ = load_base(resolve_model_path("embedded"))
+    model = get_peft_model(model, LoraArguments(lora_layers=12).peft_config(model))
+    use_compact_head(model)
+    model.train()
+    return model, torch.bfloat16 if has_bfloat16_kernels() else None
+
+
+def sequence(length: int, data: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    if data:
+        from datasets import load_from_disk
+
+        rows = load_from_disk(data)
+        best = min(range(len(rows)), key=lambda i: abs(len(rows[i]["input_ids"]) - length))
+        return torch.tensor([rows[best]["input_ids"]]), torch.tensor([rows[best]["labels"]])
+    ids = torch.randint(0, 49152, (1, length), generator=torch.Generator().manual_seed(length))
+    labels = ids.clone()
+    labels[0, : int(length * 0.85)] = -100
+    return ids, labels
+
+
+def profile_step(model, dtype, ids, labels, repeats: int) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    def step():
+        with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = model(input_ids=ids, labels=labels, fused_lm_head=True).loss
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    for _ in range(2):
+        step()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    seconds = (time.perf_counter() - started) / repeats
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        step()
+    labelled = int((labels[:, 1:] != -100).sum())
+    parts = {"attention_forward": 0.0, "attention_backward": 0.0, "matmul": 0.0, "head": 0.0, "other": 0.0}
+    for event in prof.key_averages(group_by_input_shape=True):
+        ms = event.self_cpu_time_total / 1000
+        shapes = str(event.input_shapes)
+        if event.key == ATTENTION_BACKWARD:
+            parts["attention_backward"] += ms
+        elif event.key == ATTENTION_FORWARD:
+            parts["attention_forward"] += ms
+        elif labelled and f"[{labelled}, 49152]" in shapes or "[49152, 576]" in shapes:
+            parts["head"] += ms
+        elif event.key in MATMULS:
+            parts["matmul"] += ms
+        else:
+            parts["other"] += ms
+    total = sum(parts.values())
+    return {"tokens": ids.shape[1], "labelled_tokens": labelled, "step_seconds": round(seconds, 3),
+            "tokens_per_second": round(ids.shape[1] / seconds, 1),
+            "profile_share": {k: round(v / total, 3) for k, v in parts.items()},
+            "attention_backward_ms_per_adapted_layer": round(parts["attention_backward"] / 12, 1)}
+
+
+def blocked_attention(q, k, v, block: int = 256):
+    """Causal attention by query blocks of matrix products, each block seeing only the keys up
+    to its last row."""
+    scale = q.shape[-1] ** -0.5
+    length = q.shape[2]
+    outputs = []
+    for start in range(0, length, block):
+        end = min(start + block, length)
+        scores = torch.matmul(q[:, :, start:end], k[:, :, :end].transpose(-1, -2)).float() * scale
+        allowed = torch.ones(end - start, end, dtype=torch.bool).tril(start)
+        weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1).to(q.dtype)
+        outputs.append(torch.matmul(weights, v[:, :, :end]))
+    return torch.cat(outputs, 2)
+
+
+def time_attention(kernel, length: int, dtype, repeats: int) -> dict:
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, HEADS, length, HEAD_DIM, generator=generator, dtype=dtype).requires_grad_()
+               for _ in range(3))
+    grad = torch.randn(1, HEADS, length, HEAD_DIM, generator=generator, dtype=dtype)
+    for _ in range(2):
+        kernel(q, k, v).backward(grad)
+    forward = backward = 0.0
+    for _ in range(repeats):
+        started = time.perf_counter()
+        out = kernel(q, k, v)
+        middle = time.perf_counter()
+        out.backward(grad)
+        forward += middle - started
+        backward += time.perf_counter() - middle
+    return {"forward_ms": round(forward / repeats * 1000, 1), "backward_ms": round(backward / repeats * 1000, 1)}
+
+
+def flex_backward_on_cpu() -> str:
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+    except ImportError as exc:
+        return f"unavailable: {exc}"
+    q = torch.randn(1, 1, 128, HEAD_DIM, requires_grad=True)
+    try:
+        flex_attention(q, q, q).sum().backward()
+    except Exception as exc:  # torch says why in its own words
+        return f"no: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+    return "yes"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", default="1650,2900", help="sequence lengths, comma-separated")
+    parser.add_argument("--data", help="a saved SFT dataset (a CAT run's data/sft) to take real sequences from")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    lengths = [int(x) for x in args.lengths.split(",") if x]
+    model, dtype = recipe_model()
+    flash = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    report = {
+        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+                    "python": platform.python_version(), "torch": torch.__version__},
+        "settings": {"model": "SmolLM2-135M-Instruct, LoRA r=16 on the top 12 of 30 layers, compact head",
+                     "autocast": str(dtype) if dtype else "none (float32)",
+                     "sequences": args.data or "random token ids, last 15% labelled", "repeats": args.repeats},
+        "steps": [profile_step(model, dtype, *sequence(n, args.data), args.repeats) for n in lengths],
+        "attention": {
+            str(n): {f"{kind}_{name}": time_attention(kernel, n, torch_dtype, args.repeats)
+                     for name, torch_dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32))
+                     for kind, kernel in (("flash", flash), ("blocked_matmul", blocked_attention))}
+            for n in lengths},
+        "flex_attention_backward_on_cpu": flex_backward_on_cpu(),
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
