@@ -212,7 +212,8 @@ def main() -> None:
     start = time.perf_counter()
     model, tokenizer, _ = local.load_weights(dtype=args.dtype)
     out["load_s"] = round(time.perf_counter() - start, 2)
-    out["dtype"] = str(model.dtype).removeprefix("torch.")
+    out["dtype"] = args.dtype  # mixed keeps float32 parameters beside its half-precision products
+    out["parameter_dtype"] = str(model.dtype).removeprefix("torch.")
     start = time.perf_counter()
     local.EmbeddedModel(model, tokenizer, threads=THREADS).close()
     out["grammar_setup_s"] = round(time.perf_counter() - start, 2)
