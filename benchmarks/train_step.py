@@ -10,9 +10,9 @@ to each length) or else random token ids with the last 15% labelled, the share o
 sequence the policy wrote.
 
 The attention part times the flash kernel's forward and backward alone at the model's shape
-(9 query heads of 64, causal) in bfloat16 and float32, against a query-blocked attention built
-from matrix products (what a hand-written backward would have to beat), and says whether
-FlexAttention can run a backward pass on this device.
+(SmolLM2's 9 query heads of 64, causal) in bfloat16 and float32, against a query-blocked
+attention built from matrix products (what a hand-written backward would have to beat), and
+says whether FlexAttention can run a backward pass on this device.
 
 Usage: python benchmarks/train_step.py [--lengths 1650,2900] [--data DIR] [--repeats 3]
 """
@@ -27,7 +27,6 @@ import time
 
 import torch
 
-HEADS, HEAD_DIM = 9, 64
 ATTENTION_FORWARD = "aten::_scaled_dot_product_flash_attention_for_cpu"
 ATTENTION_BACKWARD = ATTENTION_FORWARD + "_backward"
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
@@ -47,14 +46,14 @@ def recipe_model():
     return model, torch.bfloat16 if has_bfloat16_kernels() else None
 
 
-def sequence(length: int, data: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence(length: int, data: str | None, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     if data:
         from datasets import load_from_disk
 
         rows = load_from_disk(data)
         best = min(range(len(rows)), key=lambda i: abs(len(rows[i]["input_ids"]) - length))
         return torch.tensor([rows[best]["input_ids"]]), torch.tensor([rows[best]["labels"]])
-    ids = torch.randint(0, 49152, (1, length), generator=torch.Generator().manual_seed(length))
+    ids = torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(length))
     labels = ids.clone()
     labels[0, : int(length * 0.85)] = -100
     return ids, labels
@@ -78,6 +77,10 @@ def profile_step(model, dtype, ids, labels, repeats: int) -> dict:
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         step()
     labelled = int((labels[:, 1:] != -100).sum())
+    config = model.get_base_model().config
+    head_shapes = [f"[{config.vocab_size}, {config.hidden_size}]"]  # the weight, in casts and products
+    if labelled:
+        head_shapes.append(f"[{labelled}, {config.vocab_size}]")  # the labelled tokens' logits
     parts = {"attention_forward": 0.0, "attention_backward": 0.0, "matmul": 0.0, "head": 0.0, "other": 0.0}
     for event in prof.key_averages(group_by_input_shape=True):
         ms = event.self_cpu_time_total / 1000
@@ -86,7 +89,7 @@ def profile_step(model, dtype, ids, labels, repeats: int) -> dict:
             parts["attention_backward"] += ms
         elif event.key == ATTENTION_FORWARD:
             parts["attention_forward"] += ms
-        elif labelled and f"[{labelled}, 49152]" in shapes or "[49152, 576]" in shapes:
+        elif any(shape in shapes for shape in head_shapes):
             parts["head"] += ms
         elif event.key in MATMULS:
             parts["matmul"] += ms
@@ -114,11 +117,11 @@ def blocked_attention(q, k, v, block: int = 256):
     return torch.cat(outputs, 2)
 
 
-def time_attention(kernel, length: int, dtype, repeats: int) -> dict:
+def time_attention(kernel, length: int, dtype, repeats: int, heads: int, head_dim: int) -> dict:
     generator = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, HEADS, length, HEAD_DIM, generator=generator, dtype=dtype).requires_grad_()
+    q, k, v = (torch.randn(1, heads, length, head_dim, generator=generator, dtype=dtype).requires_grad_()
                for _ in range(3))
-    grad = torch.randn(1, HEADS, length, HEAD_DIM, generator=generator, dtype=dtype)
+    grad = torch.randn(1, heads, length, head_dim, generator=generator, dtype=dtype)
     for _ in range(2):
         kernel(q, k, v).backward(grad)
     forward = backward = 0.0
@@ -137,7 +140,7 @@ def flex_backward_on_cpu() -> str:
         from torch.nn.attention.flex_attention import flex_attention
     except ImportError as exc:
         return f"unavailable: {exc}"
-    q = torch.randn(1, 1, 128, HEAD_DIM, requires_grad=True)
+    q = torch.randn(1, 1, 128, 64, requires_grad=True)
     try:
         flex_attention(q, q, q).sum().backward()
     except Exception as exc:  # torch says why in its own words
@@ -153,6 +156,8 @@ def main() -> None:
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",") if x]
     model, dtype = recipe_model()
+    config = model.get_base_model().config
+    heads, head_dim = config.num_attention_heads, config.hidden_size // config.num_attention_heads
     flash = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     report = {
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
@@ -161,9 +166,10 @@ def main() -> None:
         "settings": {"model": "SmolLM2-135M-Instruct, LoRA r=16 on the top 12 of 30 layers, compact head",
                      "autocast": str(dtype) if dtype else "none (float32)",
                      "sequences": args.data or "random token ids, last 15% labelled", "repeats": args.repeats},
-        "steps": [profile_step(model, dtype, *sequence(n, args.data), args.repeats) for n in lengths],
+        "steps": [profile_step(model, dtype, *sequence(n, args.data, config.vocab_size), args.repeats)
+                  for n in lengths],
         "attention": {
-            str(n): {f"{kind}_{name}": time_attention(kernel, n, torch_dtype, args.repeats)
+            str(n): {f"{kind}_{name}": time_attention(kernel, n, torch_dtype, args.repeats, heads, head_dim)
                      for name, torch_dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32))
                      for kind, kernel in (("flash", flash), ("blocked_matmul", blocked_attention))}
             for n in lengths},
