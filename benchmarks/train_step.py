@@ -14,7 +14,10 @@ The attention part times the flash kernel's forward and backward alone at the mo
 attention built from matrix products (what a hand-written backward would have to beat), and
 says whether FlexAttention can run a backward pass on this device.
 
-Usage: python benchmarks/train_step.py [--lengths 1650,2900] [--data DIR] [--repeats 3]
+With `--compiled` it then compiles every decoder layer's forward pass (torch.compile, dynamic
+shapes) and times the same steps again, side by side with the eager ones.
+
+Usage: python benchmarks/train_step.py [--lengths 1650,2900] [--data DIR] [--repeats 3] [--compiled]
 """
 
 from __future__ import annotations
@@ -59,23 +62,31 @@ def sequence(length: int, data: str | None, vocab: int) -> tuple[torch.Tensor, t
     return ids, labels
 
 
+def train_step(model, dtype, ids, labels) -> None:
+    with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+        loss = model(input_ids=ids, labels=labels, fused_lm_head=True).loss
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+
+
+def time_steps(model, dtype, ids, labels, repeats: int) -> tuple[float, float]:
+    """(seconds of the first step, mean seconds of `repeats` steps after a second warm-up)."""
+    started = time.perf_counter()
+    train_step(model, dtype, ids, labels)
+    first = time.perf_counter() - started
+    train_step(model, dtype, ids, labels)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        train_step(model, dtype, ids, labels)
+    return first, (time.perf_counter() - started) / repeats
+
+
 def profile_step(model, dtype, ids, labels, repeats: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    def step():
-        with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = model(input_ids=ids, labels=labels, fused_lm_head=True).loss
-        loss.backward()
-        model.zero_grad(set_to_none=True)
-
-    for _ in range(2):
-        step()
-    started = time.perf_counter()
-    for _ in range(repeats):
-        step()
-    seconds = (time.perf_counter() - started) / repeats
+    _, seconds = time_steps(model, dtype, ids, labels, repeats)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        step()
+        train_step(model, dtype, ids, labels)
     labelled = int((labels[:, 1:] != -100).sum())
     config = model.get_base_model().config
     head_shapes = [f"[{config.vocab_size}, {config.hidden_size}]"]  # the weight, in casts and products
@@ -148,16 +159,37 @@ def flex_backward_on_cpu() -> str:
     return "yes"
 
 
+def compiled_steps(model, dtype, sequences, eager: list[dict], repeats: int) -> list[dict]:
+    """The same steps with every decoder layer's forward compiled by torch.compile (inductor,
+    dynamic shapes, so one compilation serves every length): the element-wise ops between the
+    products, a third of an eager step, become fused kernels."""
+    import torch._dynamo
+
+    layers = model.get_base_model().model.layers
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, len(layers))
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward, dynamic=True)
+    rows = []
+    for (ids, labels), before in zip(sequences, eager):
+        first, seconds = time_steps(model, dtype, ids, labels, repeats)
+        rows.append({"tokens": ids.shape[1], "first_step_seconds": round(first, 1), "step_seconds": round(seconds, 3),
+                     "speedup_over_eager": round(before["step_seconds"] / seconds, 2)})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="1650,2900", help="sequence lengths, comma-separated")
     parser.add_argument("--data", help="a saved SFT dataset (a CAT run's data/sft) to take real sequences from")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compiled", action="store_true",
+                        help="then time the steps again with the decoder layers compiled (needs a C++ compiler)")
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",") if x]
     model, dtype = recipe_model()
     config = model.get_base_model().config
     heads, head_dim = config.num_attention_heads, config.hidden_size // config.num_attention_heads
+    sequences = [sequence(n, args.data, config.vocab_size) for n in lengths]
     flash = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     report = {
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
@@ -166,8 +198,7 @@ def main() -> None:
         "settings": {"model": "SmolLM2-135M-Instruct, LoRA r=16 on the top 12 of 30 layers, compact head",
                      "autocast": str(dtype) if dtype else "none (float32)",
                      "sequences": args.data or "random token ids, last 15% labelled", "repeats": args.repeats},
-        "steps": [profile_step(model, dtype, *sequence(n, args.data, config.vocab_size), args.repeats)
-                  for n in lengths],
+        "steps": [profile_step(model, dtype, *pair, args.repeats) for pair in sequences],
         "attention": {
             str(n): {f"{kind}_{name}": time_attention(kernel, n, torch_dtype, args.repeats, heads, head_dim)
                      for name, torch_dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32))
@@ -175,6 +206,8 @@ def main() -> None:
             for n in lengths},
         "flex_attention_backward_on_cpu": flex_backward_on_cpu(),
     }
+    if args.compiled:
+        report["compiled_layers"] = compiled_steps(model, dtype, sequences, report["steps"], args.repeats)
     print(json.dumps(report, indent=2))
 
 
