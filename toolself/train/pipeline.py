@@ -165,8 +165,9 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
                 result = isolated(run_step, settings, out, step, print, backend)
             else:
                 result = run_step(settings, out, step, echo, backend)
-            state.finish(step, result, time.monotonic() - started)
-            echo(f"[{step}] finished in {time.monotonic() - started:.1f} s: {json.dumps(result, default=str)[:300]}")
+            seconds = time.monotonic() - started
+            state.finish(step, result, seconds)
+            echo(f"[{step}] finished in {seconds:.1f} s: {json.dumps(result, default=str)[:300]}")
         if step == stop_after:
             break
     return {s: state.result(s) for s in STEPS if state.done(s)}
