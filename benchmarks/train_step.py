@@ -33,6 +33,7 @@ import torch
 ATTENTION_FORWARD = "aten::_scaled_dot_product_flash_attention_for_cpu"
 ATTENTION_BACKWARD = ATTENTION_FORWARD + "_backward"
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
+ADAPTED_LAYERS = 12  # the recipe's lora_layers
 
 
 def recipe_model():
@@ -43,17 +44,15 @@ def recipe_model():
     from toolself.train.lora import LoraArguments, load_base, resolve_model_path
 
     model, _ = load_base(resolve_model_path("embedded"))
-    model = get_peft_model(model, LoraArguments(lora_layers=12).peft_config(model))
+    model = get_peft_model(model, LoraArguments(lora_layers=ADAPTED_LAYERS).peft_config(model))
     use_compact_head(model)
     model.train()
     return model, torch.bfloat16 if has_bfloat16_kernels() else None
 
 
-def sequence(length: int, data: str | None, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    if data:
-        from datasets import load_from_disk
-
-        rows = load_from_disk(data)
+def sequence(length: int, rows, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The row of `rows` (a saved SFT dataset) closest to `length`, or random ids without one."""
+    if rows is not None:
         best = min(range(len(rows)), key=lambda i: abs(len(rows[i]["input_ids"]) - length))
         return torch.tensor([rows[best]["input_ids"]]), torch.tensor([rows[best]["labels"]])
     ids = torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(length))
@@ -110,7 +109,7 @@ def profile_step(model, dtype, ids, labels, repeats: int) -> dict:
     return {"tokens": ids.shape[1], "labelled_tokens": labelled, "step_seconds": round(seconds, 3),
             "tokens_per_second": round(ids.shape[1] / seconds, 1),
             "profile_share": {k: round(v / total, 3) for k, v in parts.items()},
-            "attention_backward_ms_per_adapted_layer": round(parts["attention_backward"] / 12, 1)}
+            "attention_backward_ms_per_adapted_layer": round(parts["attention_backward"] / ADAPTED_LAYERS, 1)}
 
 
 def blocked_attention(q, k, v, block: int = 256):
@@ -189,13 +188,19 @@ def main() -> None:
     model, dtype = recipe_model()
     config = model.get_base_model().config
     heads, head_dim = config.num_attention_heads, config.hidden_size // config.num_attention_heads
-    sequences = [sequence(n, args.data, config.vocab_size) for n in lengths]
+    rows = None
+    if args.data:
+        from datasets import load_from_disk
+
+        rows = load_from_disk(args.data)
+    sequences = [sequence(n, rows, config.vocab_size) for n in lengths]
     flash = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     report = {
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                     "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
                     "python": platform.python_version(), "torch": torch.__version__},
-        "settings": {"model": "SmolLM2-135M-Instruct, LoRA r=16 on the top 12 of 30 layers, compact head",
+        "settings": {"model": f"SmolLM2-135M-Instruct, LoRA r=16 on the top {ADAPTED_LAYERS} of "
+                              f"{config.num_hidden_layers} layers, compact head",
                      "autocast": str(dtype) if dtype else "none (float32)",
                      "sequences": args.data or "random token ids, last 15% labelled", "repeats": args.repeats},
         "steps": [profile_step(model, dtype, *pair, args.repeats) for pair in sequences],
