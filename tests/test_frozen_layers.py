@@ -60,6 +60,25 @@ def test_a_second_pass_reuses_the_frozen_layers_and_gives_the_same_loss_and_grad
         assert all(torch.equal(grads[n], g) for n, g in reference[1].items())
 
 
+@pytest.mark.slow
+def test_the_cache_wraps_compiled_layers_and_replays_what_they_computed(student):
+    from toolself.train.compiled_layers import compile_decoder_layers, compiler_missing
+
+    if compiler_missing():
+        pytest.skip(compiler_missing())
+    model = adapted(student, lora_layers=3)
+    ids = batch(0)
+    eager = loss_and_grads(model, ids)
+    compile_decoder_layers(model)
+    cache = cache_frozen_layers(model)
+    first = loss_and_grads(model, ids)
+    second = loss_and_grads(model, ids)
+    assert (cache.misses, cache.hits) == (1, 1)
+    assert torch.equal(first[0], second[0]) and all(torch.equal(first[1][n], g) for n, g in second[1].items())
+    assert float(first[0]) == pytest.approx(float(eager[0]), rel=1e-4)
+    assert all(torch.allclose(first[1][n], g, rtol=1e-3, atol=1e-6) for n, g in eager[1].items())
+
+
 def test_a_different_sequence_is_computed_not_replayed(student):
     model = adapted(student, lora_layers=3)
     cache = cache_frozen_layers(model)

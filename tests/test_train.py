@@ -70,17 +70,21 @@ def split_example(example) -> tuple[list[int], list[int]]:
 @pytest.fixture(scope="module")
 def rft_run(tmp_path_factory, student, trajectories, renderer):
     from toolself.train.rft import train_rft
-    from toolself.train.rft_config import RFTConfig
 
     out = tmp_path_factory.mktemp("rft")
     dataset, build = D.build_sft_dataset(trajectories[0], renderer, max_length=MAX_LENGTH)
     assert build.skipped_trajectories >= 1  # the failed attempts were rejected
     actions = [i for i, tags in enumerate(dataset["decisions"]) if ":action" in tags][:2]
     train = dataset.select(actions)
-    config = RFTConfig(output_dir=str(out / "ck"), max_steps=3, per_device_train_batch_size=2,
-                       gradient_accumulation_steps=1, learning_rate=3e-3, warmup_steps=0,
-                       lr_scheduler_type="constant", gradient_checkpointing=False, disable_tqdm=True)
-    return train, train_rft(train, student, out / "adapter", config), out
+    return train, train_rft(train, student, out / "adapter", rft_test_config(out / "ck")), out
+
+
+def rft_test_config(output_dir, **overrides):
+    from toolself.train.rft_config import RFTConfig
+
+    return RFTConfig(output_dir=str(output_dir), max_steps=3, per_device_train_batch_size=2,
+                     gradient_accumulation_steps=1, learning_rate=3e-3, warmup_steps=0, lr_scheduler_type="constant",
+                     gradient_checkpointing=False, disable_tqdm=True, **overrides)
 
 
 @pytest.mark.slow
@@ -139,6 +143,42 @@ def test_kto_on_top_of_rft_lowers_the_loss_and_separates_good_from_bad_decisions
         args = (example["prompt_ids"], example["completion_ids"])
         shift[example["label"]].append(completion_logps(policy, *args) - completion_logps(reference, *args))
     assert shift[True][0] > shift[False][0]
+
+
+@pytest.mark.slow
+def test_rft_with_compiled_layers_logs_the_losses_eager_layers_give(tmp_path, student, rft_run):
+    from toolself.train.compiled_layers import compiler_missing
+    from toolself.train.rft import train_rft
+
+    if compiler_missing():
+        pytest.skip(compiler_missing())
+    train, compiled, _ = rft_run  # trained with the default, which compiles on a CPU with a compiler
+    assert compiled.extra["compiled_layers"] == "auto: on (CPU with a C++ compiler)"
+    eager = train_rft(train, student, tmp_path / "eager", rft_test_config(tmp_path / "ck", compile_layers=False))
+    assert eager.extra["compiled_layers"] == "off"
+    assert logged_losses(compiled.log) == pytest.approx(logged_losses(eager.log), rel=0.02)
+
+
+def test_without_a_cpp_compiler_training_stays_eager_unless_compiling_was_asked_for():
+    import torch._inductor.config as inductor
+    from toolself.train.compiled_layers import should_compile
+
+    with inductor.patch({"cpp.cxx": ("toolself-test-no-such-compiler",)}):
+        compiled, why = should_compile(None, on_gpu=False)
+        assert not compiled and "no C++ compiler" in why
+        with pytest.raises(RuntimeError, match="compile_layers=True, but no C\\+\\+ compiler"):
+            should_compile(True, on_gpu=False)
+
+
+def test_layers_compile_by_default_for_rft_on_a_cpu_and_never_for_kto(tmp_path):
+    from toolself.train.compiled_layers import should_compile
+    from toolself.train.kto_config import KTOConfig
+    from toolself.train.rft_config import RFTConfig
+
+    assert RFTConfig(output_dir=str(tmp_path)).compile_layers is None
+    assert KTOConfig(output_dir=str(tmp_path)).compile_layers is False
+    assert should_compile(None, on_gpu=True) == (False, "auto: off on a GPU (not measured there; pass True to try)")
+    assert should_compile(False, on_gpu=False) == (False, "off")
 
 
 def test_kto_refuses_a_batch_too_small_for_its_kl_estimate():

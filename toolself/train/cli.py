@@ -37,7 +37,7 @@ def _split(values: list[str]) -> list[str]:
 
 def _train_kwargs(epochs: Optional[float], lr: Optional[float], batch_size: Optional[int],
                   grad_accum: Optional[int], max_steps: Optional[int], lora_r: Optional[int],
-                  full_finetune: bool) -> dict[str, Any]:
+                  full_finetune: bool, compile_layers: Optional[bool] = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in (("num_train_epochs", epochs), ("learning_rate", lr),
                         ("per_device_train_batch_size", batch_size), ("gradient_accumulation_steps", grad_accum),
@@ -48,6 +48,8 @@ def _train_kwargs(epochs: Optional[float], lr: Optional[float], batch_size: Opti
         out["lora_alpha"] = 2 * lora_r
     if full_finetune:
         out["full_finetune"] = True
+    if compile_layers is not None:
+        out["compile_layers"] = compile_layers
     return out
 
 
@@ -187,6 +189,10 @@ def rft(
     batch_size: Optional[int] = typer.Option(None), grad_accum: Optional[int] = typer.Option(None),
     max_steps: Optional[int] = typer.Option(None), lora_r: Optional[int] = typer.Option(None),
     full_finetune: bool = typer.Option(False, help="Train all weights instead of a LoRA adapter."),
+    compile_layers: Optional[bool] = typer.Option(
+        None, "--compile-layers/--eager-layers",
+        help="Compile the decoder layers with torch.compile (~1.3x faster steps after ~30 s of compiling). "
+             "Default: on for a CPU with a C++ compiler."),
     resume: bool = typer.Option(False, help="Resume training from the last checkpoint in OUT/checkpoints."),
     backend: str = typer.Option("local", help="Where collection attempts run: local | ray."),
     address: Optional[str] = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001)."),
@@ -230,7 +236,8 @@ def rft(
     if len(dataset) == 0:
         _fail("no successful trajectory: nothing to fine-tune on")
     config = RFTConfig(output_dir=str(out / "checkpoints"), max_length=max_length, seed=seed,
-                       **_train_kwargs(epochs, lr, batch_size, grad_accum, max_steps, lora_r, full_finetune))
+                       **_train_kwargs(epochs, lr, batch_size, grad_accum, max_steps, lora_r, full_finetune,
+                                       compile_layers))
     result = train_rft(dataset, student_path, out, config, resume=resume)
     if not _main_process():
         return

@@ -58,6 +58,12 @@ class CATKTOConfig(_TRLKTOConfig, LoraArguments):
         metadata={"help": "bfloat16 mixed precision. Default: on where the GPU or CPU computes in it (AVX512-BF16 / "
                           "AMX)."})
     seed: int = field(default=0, metadata={"help": "Random seed."})
+    compile_layers: bool | None = field(
+        default=False,
+        metadata={"help": "Compile each decoder layer with torch.compile. Off for KTO: its reference pass (no "
+                          "gradients, adapter off) compiles to other kernels than the policy's pass, whose bf16 "
+                          "roundings then differ, so a fresh adapter starts with a log-ratio that is not zero; and "
+                          "a KTO run of a few minutes spends what compiling saves on compiling its variants."})
 
     def __post_init__(self) -> None:
         if self.loss_type != "apo_zero_unpaired" and self.per_device_train_batch_size < 2:

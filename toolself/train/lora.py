@@ -57,6 +57,14 @@ class LoraArguments:
                           "the same numbers, less CPU; costs ~2.3 KB of memory per token (bounded at 4 GB)."},
     )
 
+    compile_layers: bool | None = field(
+        default=None,
+        metadata={"help": "Compile each decoder layer with torch.compile (inductor), which fuses the element-wise "
+                          "work between the matrix products: 1.16-1.43x faster RFT steps on a 2-core CPU, after "
+                          "~30 s of compiling in the first step. Default (None): on when training on a CPU with a "
+                          "C++ compiler, off on GPUs and without a compiler."},
+    )
+
     def peft_config(self, model: Any = None):
         """The peft `LoraConfig`, or None for full fine-tuning. `model` is needed only to place
         `lora_layers`."""

@@ -75,9 +75,14 @@ def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int,
     from transformers.trainer_utils import get_last_checkpoint
 
     from toolself.train.compact_head import use_compact_head
+    from toolself.train.compiled_layers import compile_decoder_layers, should_compile
     from toolself.train.frozen_layers import cache_frozen_layers
 
     use_compact_head(trainer.model)
+    compiled, why = should_compile(getattr(trainer.args, "compile_layers", False),
+                                   on_gpu=trainer.args.device.type != "cpu")
+    if compiled:
+        compile_decoder_layers(trainer.model)  # first: the frozen-layer cache wraps the compiled layers
     frozen = cache_frozen_layers(trainer.model) if getattr(trainer.args, "cache_frozen_layers", False) else None
     output_dir = trainer.args.output_dir
     checkpoint = get_last_checkpoint(output_dir) if resume and Path(output_dir).is_dir() else None
@@ -92,6 +97,8 @@ def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int,
                          train_loss=output.training_loss, tokens=collator.tokens, seconds=round(seconds, 3),
                          tokens_per_second=round(collator.tokens / seconds, 2) if seconds and main else 0.0,
                          examples=examples, log=str(log_path), extra=dict(extra or {}) if main else {})
+    if main:
+        result.extra["compiled_layers"] = why
     if frozen is not None and main:
         result.extra["frozen_layer_cache"] = frozen.stats()
     if main:
