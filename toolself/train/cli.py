@@ -191,7 +191,7 @@ def rft(
     full_finetune: bool = typer.Option(False, help="Train all weights instead of a LoRA adapter."),
     compile_layers: Optional[bool] = typer.Option(
         None, "--compile-layers/--eager-layers",
-        help="Compile the decoder layers with torch.compile (~1.3x faster steps after ~30 s of compiling). "
+        help="Compile the decoder layers with torch.compile (~1.3x faster steps after ~35 s of compiling). "
              "Default: on for a CPU with a C++ compiler."),
     resume: bool = typer.Option(False, help="Resume training from the last checkpoint in OUT/checkpoints."),
     backend: str = typer.Option("local", help="Where collection attempts run: local | ray."),

@@ -2,22 +2,19 @@
 
 An eager CPU training step of the 135M model spends about a third of its time outside the
 matrix products and attention: RMS norms, rotary embeddings, SiLU, residual adds and bf16 casts,
-each a separate pass over memory. Inductor fuses them into C++ kernels, which made an RFT step
-of the CAT recipe 1.16-1.43x faster (`benchmarks/train_step.py --compiled`).
+each a separate pass over memory. Inductor fuses them into C++ kernels, which made the CAT
+recipe's RFT steps 1.31x faster after the first (`benchmarks/train.py`, docs/benchmarks.md).
 
 Each layer's forward is compiled on its own, not the whole model: the trainer's code around the
 layers (the compact head, the frozen-layer cache, TRL's losses, PEFT's adapter switch for KTO's
 reference) stays eager and free to branch, and with dynamic shapes one compilation serves every
-sequence length. The first step pays for compiling (~30 s on 2 cores, cached on disk for later
+sequence length. The first step pays for compiling (~35 s on 2 cores, kept on disk for later
 runs); later steps and lengths compile nothing new.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
-
-logger = logging.getLogger(__name__)
 
 # A compiled forward is guarded on what differs between its calls: the layer (its index is a
 # constant), grad mode (KTO's reference pass runs without gradients) and the adapter switch.
