@@ -162,12 +162,9 @@ def compiled_steps(model, dtype, sequences, eager: list[dict], repeats: int) -> 
     """The same steps with every decoder layer's forward compiled by torch.compile (inductor,
     dynamic shapes, so one compilation serves every length): the element-wise ops between the
     products, a third of an eager step, become fused kernels."""
-    import torch._dynamo
+    from toolself.train.compiled_layers import compile_decoder_layers
 
-    layers = model.get_base_model().model.layers
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, len(layers))
-    for layer in layers:
-        layer.forward = torch.compile(layer.forward, dynamic=True)
+    compile_decoder_layers(model)  # the trainers' own compilation
     rows = []
     for (ids, labels), before in zip(sequences, eager):
         first, seconds = time_steps(model, dtype, ids, labels, repeats)

@@ -99,9 +99,8 @@ def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int,
                          examples=examples, log=str(log_path), extra=dict(extra or {}) if main else {})
     if main:
         result.extra["compiled_layers"] = why
-    if frozen is not None and main:
-        result.extra["frozen_layer_cache"] = frozen.stats()
-    if main:
+        if frozen is not None:
+            result.extra["frozen_layer_cache"] = frozen.stats()
         trainer.processing_class.save_pretrained(str(out_dir))
         (out_dir / "train_result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
     return result
