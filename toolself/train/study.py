@@ -241,8 +241,8 @@ def _recipe() -> dict[str, Any]:
 
 def demo_preset() -> StudySettings:
     """One seed (`make cat-demo`), at the smallest scale that learned anything on validation
-    tasks: about 80 minutes on 2 CPU cores with RFT's layers compiled, 95-110 without
-    (docs/results/cat-cpu.md)."""
+    tasks: 76.5 minutes from a fresh clone on 2 CPU cores with RFT's layers compiled, 95-110
+    without (docs/results/cat-cpu.md)."""
     return StudySettings(TRAIN_SUITES, EVAL_SUITES, seeds=[0], cat=_recipe())
 
 
