@@ -90,6 +90,19 @@ def mixed_model():
     m.close()
 
 
+@pytest.fixture(scope="module")
+def bfloat16_cache_model(mixed_model):
+    """The mixed model over a bfloat16 KV cache, its default only on CPUs with AMX."""
+    import torch
+
+    m = local.EmbeddedModel(mixed_model.model, mixed_model.tokenizer, cache_dtype=torch.bfloat16)
+    yield m
+    m.close()
+
+
+FIXTURES = {"float32": "model", "mixed": "mixed_model", "mixed, bfloat16 cache": "bfloat16_cache_model"}
+
+
 @pytest.mark.slow
 def test_the_mixed_dtype_scores_the_next_token_like_float32(model, mixed_model):
     import torch
@@ -139,10 +152,11 @@ def test_token_ids_are_exactly_the_prompt_and_the_reply(model):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["float32", "mixed"])
+@pytest.mark.parametrize("dtype", list(FIXTURES))
 def test_reusing_the_kv_cache_gives_the_same_greedy_reply_as_recomputing(request, dtype):
-    model = request.getfixturevalue("model" if dtype == "float32" else "mixed_model")
-    fresh = local.EmbeddedModel(model.model, model.tokenizer, cache_entries=0, threads=0)
+    model = request.getfixturevalue(FIXTURES[dtype])
+    fresh = local.EmbeddedModel(model.model, model.tokenizer, cache_entries=0, threads=0,
+                                cache_dtype=model.engine.kv_dtype)
     try:
         messages = episode("Who wrote the novel Dune? Search for it.")
         first = model.complete(messages, tools=SCHEMAS, session="reuse", max_tokens=64)
@@ -158,9 +172,9 @@ def test_reusing_the_kv_cache_gives_the_same_greedy_reply_as_recomputing(request
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["float32", "mixed"])
+@pytest.mark.parametrize("dtype", list(FIXTURES))
 def test_concurrent_requests_decode_together_and_match_sequential_ones(request, dtype):
-    model = request.getfixturevalue("model" if dtype == "float32" else "mixed_model")
+    model = request.getfixturevalue(FIXTURES[dtype])
     prompts = [episode("Find the population of Lyon."), episode("Which river flows through Vienna?")]
     sequential = [model.complete(p, tools=SCHEMAS, max_tokens=48) for p in prompts]
     for i in range(len(prompts)):
@@ -246,6 +260,39 @@ def test_the_prefix_store_forgets_the_least_recent_entries_beyond_its_budget():
     assert len(store) == 1 and store.lookup([1] * 7, session=None)[1] == 0
     store.drop("new")
     assert len(store) == 0
+
+
+def test_a_float32_model_keeps_a_float32_cache_and_a_reduced_one_goes_bfloat16_only_with_amx(model, mixed_model):
+    import torch
+
+    from toolself.models.half_linear import has_amx
+
+    assert model.engine.kv_dtype == torch.float32
+    assert mixed_model.engine.kv_dtype == (torch.bfloat16 if has_amx() else torch.float32)
+
+
+@pytest.mark.parametrize("new_tokens", [1, 7])
+def test_engine_attention_on_the_key_value_heads_equals_transformers_sdpa(new_tokens):
+    """Decoding (one new token per row) and prefill on top of a cached prefix, both masked."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from toolself.models.engine import _attention
+
+    class Module:
+        num_key_value_groups, is_causal = 3, True
+
+    rows, cached = 2, 11
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(rows, 9, new_tokens, 16, generator=generator)
+    key = torch.randn(rows, 3, cached + new_tokens, 16, generator=generator)
+    value = torch.randn(rows, 3, cached + new_tokens, 16, generator=generator)
+    mask = torch.ones(rows, 1, new_tokens, cached + new_tokens, dtype=torch.bool).tril(cached)
+    mask[1, :, :, :4] = False  # the second row's left padding
+    ours, _ = _attention(Module(), query, key, value, mask, scaling=0.25)
+    theirs, _ = sdpa_attention_forward(Module(), query, key, value, mask, scaling=0.25)
+    assert ours.shape == theirs.shape == (rows, new_tokens, 9, 16)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
 
 
 def test_batch_rows_keep_their_caches_while_others_join_and_leave():

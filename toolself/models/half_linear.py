@@ -11,8 +11,10 @@ once per step, and prefill is bound by arithmetic. No one precision suits both h
   as precise as the "bfloat16" dtype's. On CPUs without bfloat16 kernels prefill takes the
   float16 product too (about float32's speed).
 
-Activations, norms, attention and the KV cache stay in float32. The float32 weights are
-dropped, so the model takes as much memory as before (a float16 and a bfloat16 copy).
+Activations and norms stay in float32, and so do attention and the KV cache except on CPUs
+with AMX, where the engine keeps the cache in bfloat16 (`local.kv_dtype`). The float32
+weights are dropped, so the model takes as much memory as before (a float16 and a bfloat16
+copy).
 """
 
 from __future__ import annotations
@@ -45,6 +47,15 @@ def has_bfloat16_kernels() -> bool:
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
+        return False
+
+
+def has_amx() -> bool:
+    """Whether this CPU has AMX tiles for bfloat16 (Linux reports them in /proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return any(line.startswith("flags") and " amx_bf16" in line for line in cpuinfo)
+    except OSError:
         return False
 
 

@@ -201,6 +201,25 @@ def default_dtype() -> str:
     return "bfloat16" if half_linear.has_bfloat16_kernels() else "float32"
 
 
+def kv_dtype(model) -> torch.dtype:
+    """The embedded engine's KV cache dtype: bfloat16 for a bfloat16 or mixed model on a CPU
+    with AMX, float32 otherwise.
+
+    With AMX, torch's CPU attention kernel in bfloat16 (on the key/value heads) reads a 360-token
+    observation on top of a 1.5k-token cache 2.6x faster than the float32 cache did, and a
+    decode step's attention 1.6x (1 row) to 1.9x (8 rows) faster; the cache takes half the
+    memory. The mixed dtype's greedy replies stayed the same reused or recomputed, batched or
+    alone, in the tests and the benchmark. Without AMX bfloat16 attention was no faster than float32 (AMD EPYC,
+    avx512_bf16), and a float32 model keeps a float32 cache so that it stays the dtype of exact
+    comparisons."""
+    import torch
+
+    from toolself.models.half_linear import HalfLinear, has_amx
+
+    reduced = model.dtype == torch.bfloat16 or any(isinstance(m, HalfLinear) for m in model.modules())
+    return torch.bfloat16 if reduced and has_amx() else torch.float32
+
+
 def resolve_dtype(name: str) -> str:
     """The dtype a name stands for: "auto" becomes `default_dtype()`; an unknown name, or
     "mixed" where it cannot run, raises ValueError."""
@@ -238,9 +257,10 @@ class EmbeddedModel:
     def __init__(self, model, tokenizer, *, name: str = DEFAULT_NAME, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, max_batch: int = 8, max_tokens: int = DEFAULT_MAX_TOKENS,
                  max_string: int | None = None, cache_entries: int = 16, cache_tokens: int = 65536,
-                 threads: int | None = None):
+                 threads: int | None = None, cache_dtype: torch.dtype | None = None):
         """`threads`: torch threads of the engine's own two threads (the rest of the process
-        keeps its setting); None picks `default_threads()`, 0 leaves torch's default."""
+        keeps its setting); None picks `default_threads()`, 0 leaves torch's default.
+        `cache_dtype`: the KV cache's dtype; None picks `kv_dtype(model)`."""
         from toolself.models.engine import Engine
         from toolself.models.grammar import DEFAULT_MAX_STRING, GrammarCache
 
@@ -258,7 +278,8 @@ class EmbeddedModel:
         self.grammars = GrammarCache(tokenizer, vocab_size, max_string=max_string or DEFAULT_MAX_STRING,
                                      stop_token_ids=stop_ids[:1])
         self.engine = Engine(model, stop_token_ids=stop_ids, vocab_size=vocab_size, max_batch=max_batch,
-                             cache_entries=cache_entries, cache_tokens=cache_tokens, threads=threads)
+                             cache_entries=cache_entries, cache_tokens=cache_tokens, threads=threads,
+                             kv_dtype=cache_dtype or kv_dtype(model))
 
     @classmethod
     def load(cls, path: str | None = None, *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
