@@ -4,13 +4,15 @@ For each dtype (float32, bfloat16 and mixed: see `toolself/models/half_linear.py
 - prefill: tokens per second for a whole ~1.5k-token prompt, and a new observation of 360
   tokens read on top of the cached rest, with the share of its time spent in attention;
 - the next-token logits after that prompt, against float32's;
-- a decode step at that context through the engine's own cache layer and attention, for 1 and 8
+- a decode step at that context through the engine's own cache layer and attention (the cache
+  in the dtype the engine picks for that model on this CPU, `local.kv_dtype`), for 1 and 8
   rows, timed, then profiled into matrix products, attention and the rest; `matmul_gb_per_s`
   is the weight bytes the products stream per step over their time, which on a CPU decoding
   one row is the number that bounds the step.
-The last part times the output head's product in each form torch offers on a CPU (float32,
-bfloat16, fbgemm's float16, and the int4 kernel, the natural home of the shipped 4-bit
-weights). Everything runs on one torch thread, as the engine's decode thread does.
+Then the output head's product in each form torch offers on a CPU (float32, bfloat16, fbgemm's
+float16, and the int4 kernel, the natural home of the shipped 4-bit weights), and torch's
+attention kernel in the engine's shapes, with the keys and values repeated per query head and
+on the key/value heads. Everything runs on one torch thread, as the engine's decode thread does.
 
 Usage: python benchmarks/decode_step.py [--context N] [--steps N]
 """
@@ -63,6 +65,7 @@ def bench_dtype(dtype: str, rows_list: list[int], context: int, steps: int) -> d
 
     AttentionInterface.register(ATTENTION, timed_attention)
     layers = len(model.model.layers)
+    kv_dtype = local.kv_dtype(model)  # the engine's cache dtype for this model on this CPU
     # The bytes a decode step's products stream: float16 for the mixed dtype's layers.
     linear_bytes = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
                        if isinstance(m, torch.nn.Linear))
@@ -71,8 +74,8 @@ def bench_dtype(dtype: str, rows_list: list[int], context: int, steps: int) -> d
     results = {}
     with torch.inference_mode():
         start = time.perf_counter()
-        out = model(input_ids=ids, position_ids=torch.arange(context)[None], cache=new_cache(layers), use_cache=True,
-                    logits_to_keep=1)
+        out = model(input_ids=ids, position_ids=torch.arange(context)[None], cache=new_cache(layers, dtype=kv_dtype),
+                    use_cache=True, logits_to_keep=1)
         prefill_s = time.perf_counter() - start
         prefilled, last_logits = out.past_key_values, out.logits[0, -1].float()
         # A new observation read on top of a cached episode, as the engine's prefill does.
@@ -81,7 +84,7 @@ def bench_dtype(dtype: str, rows_list: list[int], context: int, steps: int) -> d
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             start = time.perf_counter()
             model(input_ids=ids[:, context - chunk :], position_ids=torch.arange(context - chunk, context)[None],
-                  cache=new_cache(layers, cached), use_cache=True, logits_to_keep=1)
+                  cache=new_cache(layers, cached, kv_dtype), use_cache=True, logits_to_keep=1)
             chunk_s = time.perf_counter() - start
         averages = prof.key_averages()
         prefill = {"tokens_per_s": round(context / prefill_s, 1),
@@ -121,7 +124,8 @@ def bench_dtype(dtype: str, rows_list: list[int], context: int, steps: int) -> d
                 "matmul_ms": round(matmul_ms, 2),
                 "matmul_gb_per_s": round(linear_bytes / 1e9 / (matmul_ms / 1e3), 2),
             }
-    return {"linear_weight_mb": round(linear_bytes / 1e6, 1), "prefill": prefill, "rows": results,
+    return {"kv_dtype": str(kv_dtype).removeprefix("torch."), "linear_weight_mb": round(linear_bytes / 1e6, 1),
+            "prefill": prefill, "rows": results,
             "_last_logits": last_logits}
 
 
@@ -165,6 +169,59 @@ def bench_head_products(rows_list: list[int], n: int = 49152, k: int = 576, grou
     return out
 
 
+def bench_attention_kernels(layers: int = 30, kv_heads: int = 3, groups: int = 3, dim: int = 64,
+                            context: int = 1500, chunk: int = 360, repeats: int = 10) -> dict:
+    """Torch's CPU attention kernel in the engine's shapes (SmolLM2-135M: 9 query heads on 3
+    key/value heads), each layer over a cache of its own so that the reads come from memory,
+    not from the CPU's caches: a decode step (one query per row, left-padding mask) and a
+    prefill chunk on top of a cached prefix (causal mask), in float32 and bfloat16, with the
+    keys and values repeated per query head (transformers' "sdpa" whenever a mask is given;
+    for one query it folds the heads into rows instead) and on the key/value heads
+    (`enable_gqa`, the engine's `_attention`). Milliseconds per layer."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    heads = kv_heads * groups
+    generator = torch.Generator().manual_seed(0)
+
+    def per_layer(fn, n=repeats) -> float:
+        fn()
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return round((time.perf_counter() - start) / n / layers * 1e3, 3)
+
+    out: dict = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        for rows in (1, 8):
+            keys = [torch.randn(rows, kv_heads, context, dim, generator=generator).to(dtype) for _ in range(layers)]
+            values = [torch.randn(rows, kv_heads, context, dim, generator=generator).to(dtype) for _ in range(layers)]
+            query = torch.randn(rows, heads, 1, dim, generator=generator).to(dtype)
+            mask = torch.ones(rows, 1, 1, context, dtype=torch.bool)
+            folded = query.reshape(rows, kv_heads, groups, dim)
+            out[f"decode_{rows}_rows_{name}"] = {
+                "heads_folded_into_rows": per_layer(lambda: [sdpa(folded, k, v, attn_mask=mask)
+                                                             for k, v in zip(keys, values)]),
+                "key_value_heads": per_layer(lambda: [sdpa(query, k, v, attn_mask=mask, enable_gqa=True)
+                                                      for k, v in zip(keys, values)]),
+            }
+        total = context + chunk
+        query = torch.randn(1, heads, chunk, dim, generator=generator).to(dtype)
+        keys = torch.randn(1, kv_heads, total, dim, generator=generator).to(dtype)
+        values = torch.randn(1, kv_heads, total, dim, generator=generator).to(dtype)
+        mask = torch.ones(chunk, total, dtype=torch.bool).tril(context)[None, None]
+
+        def repeated(t):
+            return t[:, :, None].expand(1, kv_heads, groups, total, dim).reshape(1, heads, total, dim)
+
+        out[f"prefill_{chunk}_on_{context}_{name}"] = {
+            "repeated_per_query_head": per_layer(lambda: [sdpa(query, repeated(keys), repeated(values), attn_mask=mask)
+                                                          for _ in range(layers)], 3),
+            "key_value_heads": per_layer(lambda: [sdpa(query, keys, values, attn_mask=mask, enable_gqa=True)
+                                                  for _ in range(layers)], 3),
+        }
+    return out
+
+
 def shipped_tensor_types() -> dict[str, int]:
     from collections import Counter
 
@@ -193,6 +250,7 @@ def main() -> None:
         out[dtype]["next_token_logits_vs_float32"] = {"max_abs_difference": round(float((logits - exact).abs().max()), 4),
                                                       "same_argmax": int(logits.argmax()) == int(exact.argmax())}
     out["head_products"] = bench_head_products([1, 8])
+    out["attention_kernels_ms_per_layer"] = bench_attention_kernels()
     out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(out, indent=1))
 

@@ -10,12 +10,13 @@
   calling `complete`, as the eval runner does), each step a tool-call turn followed by an
   observation.
 
-Usage: python benchmarks/embedded.py [--fresh-cache] [--threads N] [--steps N] [--dtype D]
+Usage: python benchmarks/embedded.py [--fresh-cache] [--threads N] [--steps N] [--dtype D] [--cache-dtype D]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import json
 import os
@@ -189,7 +190,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "mixed"])
     parser.add_argument("--parts", default="reuse,throughput", help="comma-separated: reuse, throughput")
+    parser.add_argument("--cache-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="the engine's KV cache dtype (default: the embedded model's choice, `local.kv_dtype`)")
     args = parser.parse_args()
+
+    import torch
 
     from toolself.models import local
 
@@ -214,18 +219,21 @@ def main() -> None:
     out["load_s"] = round(time.perf_counter() - start, 2)
     out["dtype"] = args.dtype  # mixed keeps float32 parameters beside its half-precision products
     out["parameter_dtype"] = str(model.dtype).removeprefix("torch.")
+    cache_dtype = local.kv_dtype(model) if args.cache_dtype == "auto" else getattr(torch, args.cache_dtype)
+    out["cache_dtype"] = str(cache_dtype).removeprefix("torch.")
+    model_cls = functools.partial(local.EmbeddedModel, cache_dtype=cache_dtype)
     start = time.perf_counter()
-    local.EmbeddedModel(model, tokenizer, threads=THREADS).close()
+    model_cls(model, tokenizer, threads=THREADS).close()
     out["grammar_setup_s"] = round(time.perf_counter() - start, 2)
 
     observations = _observations()
     weights = (model, tokenizer)
     parts = set(args.parts.split(","))
     if "reuse" in parts:
-        out["kv_reuse"] = bench_kv_reuse(local.EmbeddedModel, weights, observations, args.context, args.max_tokens)
+        out["kv_reuse"] = bench_kv_reuse(model_cls, weights, observations, args.context, args.max_tokens)
     if "throughput" in parts:
-        one = bench_throughput(local.EmbeddedModel, weights, observations, 1, args.steps, args.max_tokens)
-        eight = bench_throughput(local.EmbeddedModel, weights, observations, 8, args.steps, args.max_tokens)
+        one = bench_throughput(model_cls, weights, observations, 1, args.steps, args.max_tokens)
+        eight = bench_throughput(model_cls, weights, observations, 8, args.steps, args.max_tokens)
         out["throughput"] = {"1": one, "8": eight,
                              "speedup_8_vs_1": round(eight["generated_tokens_per_s"] / one["generated_tokens_per_s"], 2)}
     out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
