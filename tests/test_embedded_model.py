@@ -271,9 +271,9 @@ def test_a_float32_model_keeps_a_float32_cache_and_a_reduced_one_goes_bfloat16_o
     assert mixed_model.engine.kv_dtype == (torch.bfloat16 if has_amx() else torch.float32)
 
 
-@pytest.mark.parametrize("new_tokens", [1, 7])
-def test_engine_attention_on_the_key_value_heads_equals_transformers_sdpa(new_tokens):
-    """Decoding (one new token per row) and prefill on top of a cached prefix, both masked."""
+@pytest.mark.parametrize("new_tokens, cached, masked", [(1, 11, True), (7, 11, True), (7, 0, False)],
+                         ids=["decode step", "prefill on a cached prefix", "fresh prompt, causal"])
+def test_engine_attention_on_the_key_value_heads_equals_transformers_sdpa(new_tokens, cached, masked):
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -282,13 +282,15 @@ def test_engine_attention_on_the_key_value_heads_equals_transformers_sdpa(new_to
     class Module:
         num_key_value_groups, is_causal = 3, True
 
-    rows, cached = 2, 11
+    rows = 2
     generator = torch.Generator().manual_seed(0)
     query = torch.randn(rows, 9, new_tokens, 16, generator=generator)
     key = torch.randn(rows, 3, cached + new_tokens, 16, generator=generator)
     value = torch.randn(rows, 3, cached + new_tokens, 16, generator=generator)
-    mask = torch.ones(rows, 1, new_tokens, cached + new_tokens, dtype=torch.bool).tril(cached)
-    mask[1, :, :, :4] = False  # the second row's left padding
+    mask = None
+    if masked:
+        mask = torch.ones(rows, 1, new_tokens, cached + new_tokens, dtype=torch.bool).tril(cached)
+        mask[1, :, :, :4] = False  # the second row's left padding
     ours, _ = _attention(Module(), query, key, value, mask, scaling=0.25)
     theirs, _ = sdpa_attention_forward(Module(), query, key, value, mask, scaling=0.25)
     assert ours.shape == theirs.shape == (rows, new_tokens, 9, 16)
