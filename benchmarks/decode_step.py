@@ -172,9 +172,10 @@ def bench_head_products(rows_list: list[int], n: int = 49152, k: int = 576, grou
 def bench_attention_kernels(layers: int = 30, kv_heads: int = 3, groups: int = 3, dim: int = 64,
                             context: int = 1500, chunk: int = 360, repeats: int = 10) -> dict:
     """Torch's CPU attention kernel in the engine's shapes (SmolLM2-135M: 9 query heads on 3
-    key/value heads), each layer over a cache of its own so that the reads come from memory,
-    not from the CPU's caches: a decode step (one query per row, left-padding mask) and a
-    prefill chunk on top of a cached prefix (causal mask), in float32 and bfloat16, with the
+    key/value heads): a decode step (one query per row, left-padding mask; each layer over a
+    cache of its own, so that the reads come from memory rather than the CPU's caches) and a
+    prefill chunk on top of a cached prefix (causal mask; compute-bound, so one cache serves
+    every layer), in float32 and bfloat16, with the
     keys and values repeated per query head (transformers' "sdpa" whenever a mask is given;
     for one query it folds the heads into rows instead) and on the key/value heads
     (`enable_gqa`, the engine's `_attention`). Milliseconds per layer."""
