@@ -51,11 +51,10 @@ def has_bfloat16_kernels() -> bool:
 
 
 def has_amx() -> bool:
-    """Whether this CPU has AMX tiles for bfloat16 (Linux reports them in /proc/cpuinfo)."""
+    """Whether this CPU has AMX tiles, as torch's own kernels decide it."""
     try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return any(line.startswith("flags") and " amx_bf16" in line for line in cpuinfo)
-    except OSError:
+        return bool(torch.cpu._is_amx_tile_supported())
+    except (AttributeError, RuntimeError):
         return False
 
 
