@@ -175,10 +175,10 @@ def bench_attention_kernels(layers: int = 30, kv_heads: int = 3, groups: int = 3
     key/value heads): a decode step (one query per row, left-padding mask; each layer over a
     cache of its own, so that the reads come from memory rather than the CPU's caches) and a
     prefill chunk on top of a cached prefix (causal mask; compute-bound, so one cache serves
-    every layer), in float32 and bfloat16, with the
-    keys and values repeated per query head (transformers' "sdpa" whenever a mask is given;
-    for one query it folds the heads into rows instead) and on the key/value heads
-    (`enable_gqa`, the engine's `_attention`). Milliseconds per layer."""
+    every layer), in float32 and bfloat16, with the keys and values repeated per query head
+    (transformers' "sdpa" whenever a mask is given; for one query it folds the heads into
+    rows instead) and on the key/value heads (`enable_gqa`, the engine's `_attention`).
+    Milliseconds per layer."""
     sdpa = torch.nn.functional.scaled_dot_product_attention
     heads = kv_heads * groups
     generator = torch.Generator().manual_seed(0)
