@@ -205,13 +205,13 @@ def kv_dtype(model) -> torch.dtype:
     """The embedded engine's KV cache dtype: bfloat16 for a bfloat16 or mixed model on a CPU
     with AMX, float32 otherwise.
 
-    With AMX, torch's CPU attention kernel in bfloat16 (on the key/value heads) reads a 360-token
-    observation on top of a 1.5k-token cache 2.6x faster than the float32 cache did, and a
-    decode step's attention 1.6x (1 row) to 1.9x (8 rows) faster; the cache takes half the
-    memory. The mixed dtype's greedy replies stayed the same reused or recomputed, batched or
-    alone, in the tests and the benchmark. Without AMX bfloat16 attention was no faster than float32 (AMD EPYC,
-    avx512_bf16), and a float32 model keeps a float32 cache so that it stays the dtype of exact
-    comparisons."""
+    With AMX, torch's CPU attention kernel in bfloat16 (on the key/value heads) reads a
+    360-token observation on top of a 1.5k-token cache 2.6x faster than the float32 cache did,
+    and a decode step's attention 1.6x (1 row) to 1.9x (8 rows) faster; the cache takes half
+    the memory. The mixed dtype's greedy replies stayed the same reused or recomputed, batched
+    or alone, in the tests and the benchmark. Without AMX bfloat16 attention was no faster
+    than float32 (AMD EPYC, avx512_bf16), and a float32 model keeps a float32 cache so that
+    it stays the dtype of exact comparisons."""
     import torch
 
     from toolself.models.half_linear import HalfLinear, has_amx
