@@ -127,6 +127,20 @@ def test_a_tool_turn_is_one_valid_call_of_an_offered_tool(model):
 
 
 @pytest.mark.slow
+def test_text_the_grammar_forces_mid_reply_costs_no_decode_steps_when_decoding_alone(model):
+    before = dict(model.engine.stats)
+    completion = model.complete(episode(), tools=SCHEMAS, max_tokens=96)
+    steps = model.engine.stats["steps"] - before["steps"]
+    forced = model.engine.stats["forced_tokens"] - before["forced_tokens"]
+    assert forced > 0
+    # The prefill writes the reply's opening and first token; each step writes one token more
+    # and the text forced after it.
+    assert steps + forced < len(completion.completion_token_ids)
+    call = completion.tool_calls[0]
+    TOOLS[call.name].validate(call.arguments)
+
+
+@pytest.mark.slow
 def test_a_response_schema_turn_is_a_valid_configuration(model):
     names = list(TOOLS)
     schema = configuration_schema(names, MODES, max_text=200)

@@ -13,7 +13,9 @@ asyncio; here two threads own the model and serve them all:
   (left padding masked out) and packed into the first rows, so appending a token never copies
   the cache and a sequence that finishes is replaced by moving one row;
 - each decode step feeds one token per sequence with its true position, masks the logits of
-  constrained sequences with their own xgrammar matcher, and picks the next tokens;
+  constrained sequences with their own xgrammar matcher, and picks the next tokens; text the
+  grammar forces after a token (the next key of a JSON object, the rest of an enum value) is
+  fed a token a step as if written, or all in one step when a sequence decodes alone;
 - a finished sequence's cache goes back to the prefix store (an LRU bounded in entries and in
   tokens) for its next turn.
 """
@@ -26,7 +28,7 @@ import time
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -74,6 +76,11 @@ class _Sequence:
     @property
     def remaining(self) -> int:
         return self.request.max_tokens - len(self.generated)
+
+    @property
+    def unfed(self) -> list[int]:
+        """Generated tokens not in the cache yet: the last one picked, and any forced after it."""
+        return self.generated[len(self.fed) - len(self.request.prompt_ids):]
 
 
 @dataclass
@@ -242,7 +249,7 @@ class _Batch:
 
     def join(self, seq: _Sequence) -> None:
         n = len(seq.fed)
-        if not self.rows or n > self.width or self.width + seq.remaining + 1 > self.capacity:
+        if not self.rows or n > self.width or self.width + len(seq.unfed) + seq.remaining > self.capacity:
             self._relayout(seq)
             return
         i = len(self.rows)
@@ -289,7 +296,7 @@ class _Batch:
             sources.append((joining, joining.kv))
             joining.kv = None
         width = max(len(s.fed) for s, _ in sources)
-        capacity = width + max(s.remaining for s, _ in sources) + 16
+        capacity = width + max(len(s.unfed) + s.remaining for s, _ in sources) + 16
         k0, v0 = sources[0][1][0]
         heads, dim = k0.shape[1], k0.shape[3]
         self.layers = []
@@ -309,12 +316,13 @@ class _Batch:
         self.rows = [s for s, _ in sources]
         self.width, self.capacity = width, capacity
 
-    def cache_for_step(self) -> tuple[Cache, torch.Tensor]:
+    def cache_for_step(self, span: int = 1) -> tuple[Cache, torch.Tensor]:
+        """The cache and mask for a step that feeds every row `span` tokens."""
         n = len(self.rows)
         for layer in self.layers:
             layer.bind(n, self.width)
-        self.mask[:n, self.width] = 1
-        return Cache(layers=list(self.layers)), self.mask[:n, : self.width + 1]
+        self.mask[:n, self.width : self.width + span] = 1
+        return Cache(layers=list(self.layers)), self.mask[:n, : self.width + span]
 
 
 class Engine:
@@ -327,8 +335,12 @@ class Engine:
 
     def __init__(self, model: Any, *, stop_token_ids: list[int], vocab_size: int, max_batch: int = 8,
                  cache_entries: int = 16, cache_tokens: int = 65536, threads: int = 0,
-                 kv_dtype: torch.dtype = torch.float32):
+                 kv_dtype: torch.dtype = torch.float32,
+                 jump_forward: Callable[[Any, int], list[int]] | None = None):
         self.model = model
+        # (matcher, budget) -> the tokens the grammar forces next, already accepted by the
+        # matcher; see `_step` for when they are fed at once.
+        self.jump_forward = jump_forward
         self.threads = threads  # torch threads in each engine thread; 0 keeps torch's default
         self.kv_dtype = kv_dtype
         use_engine_attention(model)
@@ -345,7 +357,8 @@ class Engine:
         self._closed = False
         self._threads: list[threading.Thread] = []
         self.stats = {"steps": 0, "step_rows": 0, "prefill_tokens": 0, "prefill_seconds": 0.0, "step_seconds": 0.0,
-                      "max_rows": 0, "prefill_cpu_seconds": 0.0, "step_cpu_seconds": 0.0}
+                      "max_rows": 0, "prefill_cpu_seconds": 0.0, "step_cpu_seconds": 0.0,
+                      "forced_tokens": 0, "step_tokens": 0}
 
     def submit(self, request: Request) -> concurrent.futures.Future:
         with self._cond:
@@ -511,17 +524,27 @@ class Engine:
         return seq
 
     def _step(self, batch: _Batch, bitmask) -> None:
+        """One forward over the batch. A sequence decoding alone feeds every token it has not
+        fed yet: on one row a step of 8 tokens costs 1.5 steps of one (`benchmarks/decode_step.py`,
+        `span_steps_ms`). In a batch each row feeds one token a step, and one whose forced text is
+        not all fed yet picks nothing: on 8 rows a step of 2 tokens a row costs 1.7 steps of one,
+        so padding the other rows to one row's span would slow them more than it speeds that row."""
         start, cpu_start = time.perf_counter(), time.thread_time()
-        cache, mask = batch.cache_for_step()
         rows = batch.rows
-        tokens = torch.tensor([[s.generated[-1]] for s in rows])
-        positions = torch.tensor([[len(s.fed)] for s in rows])
+        span = len(rows[0].unfed) if len(rows) == 1 else 1
+        cache, mask = batch.cache_for_step(span)
+        feeds = [s.unfed[:span] for s in rows]
+        tokens = torch.tensor(feeds)
+        positions = torch.tensor([list(range(len(s.fed), len(s.fed) + span)) for s in rows])
         out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache,
                          use_cache=True, logits_to_keep=1)
-        batch.width += 1
-        for s in rows:
-            s.fed.append(s.generated[-1])
-        self._advance(rows, out.logits[:, -1, :], bitmask)
+        batch.width += span
+        for s, fed in zip(rows, feeds):
+            s.fed.extend(fed)
+        picking = [i for i, s in enumerate(rows) if not s.unfed]
+        if picking:
+            self._advance([rows[i] for i in picking], out.logits[picking, -1, :], bitmask)
+        self.stats["step_tokens"] += span * len(rows)
         self.stats["steps"] += 1
         self.stats["step_rows"] += len(rows)
         self.stats["max_rows"] = max(self.stats["max_rows"], len(rows))
@@ -556,6 +579,10 @@ class Engine:
                 seq.finish_reason = "stop"
             elif seq.remaining <= 0:
                 seq.finish_reason = "length"
+            elif matcher is not None and self.jump_forward is not None:
+                forced = self.jump_forward(matcher, seq.remaining)
+                seq.generated += forced
+                self.stats["forced_tokens"] += len(forced)
 
     def _sample(self, logits: torch.Tensor, seq: _Sequence) -> int:
         probs = torch.softmax(logits / seq.request.temperature, dim=-1)

@@ -257,10 +257,13 @@ class EmbeddedModel:
     def __init__(self, model, tokenizer, *, name: str = DEFAULT_NAME, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, max_batch: int = 8, max_tokens: int = DEFAULT_MAX_TOKENS,
                  max_string: int | None = None, cache_entries: int = 16, cache_tokens: int = 65536,
-                 threads: int | None = None, cache_dtype: torch.dtype | None = None):
+                 threads: int | None = None, cache_dtype: torch.dtype | None = None, jump_forward: bool = True):
         """`threads`: torch threads of the engine's own two threads (the rest of the process
         keeps its setting); None picks `default_threads()`, 0 leaves torch's default.
-        `cache_dtype`: the KV cache's dtype; None picks `kv_dtype(model)`."""
+        `cache_dtype`: the KV cache's dtype; None picks `kv_dtype(model)`. `jump_forward`:
+        feed the text a grammar forces in the middle of a reply (the next key of a JSON
+        object, the rest of an enum value) in one step with the token before it, rather than
+        decoding it a token a step."""
         from toolself.models.engine import Engine
         from toolself.models.grammar import DEFAULT_MAX_STRING, GrammarCache
 
@@ -279,7 +282,9 @@ class EmbeddedModel:
                                      stop_token_ids=stop_ids[:1])
         self.engine = Engine(model, stop_token_ids=stop_ids, vocab_size=vocab_size, max_batch=max_batch,
                              cache_entries=cache_entries, cache_tokens=cache_tokens, threads=threads,
-                             kv_dtype=cache_dtype or kv_dtype(model))
+                             kv_dtype=cache_dtype or kv_dtype(model),
+                             jump_forward=self._forced_tokens if jump_forward else None)
+        self._segmented: dict[str, list[int]] = {}
 
     @classmethod
     def load(cls, path: str | None = None, *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
@@ -307,19 +312,23 @@ class EmbeddedModel:
             raise ModelError(f"the prompt has {len(prompt)} tokens; the model's context holds {self.context_length}")
         budget = max(1, min(max_tokens or self.max_tokens, room))
         matcher = self.grammars.matcher(tools, response_schema)
-        forced = self._forced_prefix(matcher, budget) if matcher is not None else []
+        forced = self._forced_tokens(matcher, budget) if matcher is not None else []
         request = Request(prompt_ids=prompt, max_tokens=budget, matcher=matcher, session=session,
                           temperature=self.temperature, top_p=self.top_p, seed=self.seed, forced_ids=forced)
         return self.engine.submit(request)
 
-    def _forced_prefix(self, matcher, budget: int) -> list[int]:
-        """The tokens every reply under this grammar starts with, in the tokenizer's own
-        segmentation, less the last one (it could merge with what the model writes next)."""
+    def _forced_tokens(self, matcher, budget: int) -> list[int]:
+        """The tokens the grammar forces next (at the start of a reply, the opening every reply
+        under it has), in the tokenizer's own segmentation, less the last one (it could merge
+        with what the model writes next), accepted by the matcher; none if they would not
+        leave a token of the budget."""
         text = matcher.find_jump_forward_string()
         if not text:
             return []
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"][:-1]
-        if len(ids) >= budget:
+        ids = self._segmented.get(text)
+        if ids is None:  # a grammar forces few distinct texts, and this runs after every token
+            ids = self._segmented[text] = self.tokenizer(text, add_special_tokens=False)["input_ids"][:-1]
+        if not ids or len(ids) >= budget:
             return []
         for accepted, token in enumerate(ids):
             if not matcher.accept_token(token):
