@@ -8,13 +8,15 @@ For each dtype (float32, bfloat16 and mixed: see `toolself/models/half_linear.py
   in the dtype the engine picks for that model on this CPU, `local.kv_dtype`), for 1 and 8
   rows, timed, then profiled into matrix products, attention and the rest; `matmul_gb_per_s`
   is the weight bytes the products stream per step over their time, which on a CPU decoding
-  one row is the number that bounds the step.
+  one row is the number that bounds the step;
+- `span_steps_ms`: a step that feeds each of R rows S tokens (key "RxS"), as the engine's
+  jump-forward does for a sequence decoding alone.
 Then the output head's product in each form torch offers on a CPU (float32, bfloat16, fbgemm's
 float16, and the int4 kernel, the natural home of the shipped 4-bit weights), and torch's
 attention kernel in the engine's shapes, with the keys and values repeated per query head and
 on the key/value heads. Everything runs on one torch thread, as the engine's decode thread does.
 
-Usage: python benchmarks/decode_step.py [--context N] [--steps N]
+Usage: python benchmarks/decode_step.py [--context N] [--steps N] [--dtypes float32,bfloat16,mixed]
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 import torch
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "quantized::linear_dynamic_fp16")
+SPANS = (1, 2, 4, 8)  # tokens a row in one decode step: one, or a token and the text forced after it
 
 
 def _cache(prefill_cache, rows: int, context: int, spare: int):
@@ -124,8 +127,27 @@ def bench_dtype(dtype: str, rows_list: list[int], context: int, steps: int) -> d
                 "matmul_ms": round(matmul_ms, 2),
                 "matmul_gb_per_s": round(linear_bytes / 1e9 / (matmul_ms / 1e3), 2),
             }
+        span_steps = {}
+        for rows in rows_list:
+            for span in SPANS:
+                cache = _cache(prefilled, rows, context, spare=span * steps + 8)
+                mask = torch.ones(rows, context + span * steps + 8, dtype=torch.long)
+                position = [context]
+
+                def step() -> None:
+                    p = position[0]
+                    model(input_ids=torch.full((rows, span), 5), attention_mask=mask[:, : p + span],
+                          position_ids=torch.arange(p, p + span).repeat(rows, 1), cache=cache, use_cache=True,
+                          logits_to_keep=1)
+                    position[0] += span
+
+                step()
+                start = time.perf_counter()
+                for _ in range(steps - 1):
+                    step()
+                span_steps[f"{rows}x{span}"] = round((time.perf_counter() - start) / (steps - 1) * 1e3, 2)
     return {"kv_dtype": str(kv_dtype).removeprefix("torch."), "linear_weight_mb": round(linear_bytes / 1e6, 1),
-            "prefill": prefill, "rows": results,
+            "prefill": prefill, "rows": results, "span_steps_ms": span_steps,
             "_last_logits": last_logits}
 
 
@@ -238,15 +260,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--context", type=int, default=1500)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--dtypes", default="float32,bfloat16,mixed", help="comma-separated; float32 always runs "
+                        "(the others' logits are compared with its)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     out: dict = {"torch_threads": 1, "cpus": len(os.sched_getaffinity(0)), "context": args.context,
                  "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
                  "shipped_tensor_types": shipped_tensor_types()}
-    for dtype in ("float32", "bfloat16", "mixed"):
+    dtypes = ["float32"] + [d for d in args.dtypes.split(",") if d in ("bfloat16", "mixed")]
+    for dtype in dtypes:
         out[dtype] = bench_dtype(dtype, [1, 8], args.context, args.steps)
     exact = out["float32"].pop("_last_logits")
-    for dtype in ("bfloat16", "mixed"):
+    for dtype in dtypes[1:]:
         logits = out[dtype].pop("_last_logits")
         out[dtype]["next_token_logits_vs_float32"] = {"max_abs_difference": round(float((logits - exact).abs().max()), 4),
                                                       "same_argmax": int(logits.argmax()) == int(exact.argmax())}
