@@ -50,6 +50,33 @@ def _cache(prefill_cache, rows: int, context: int, spare: int):
     return Cache(layers=layers)
 
 
+def _decode_steps(model, prefilled, rows: int, context: int, span: int, steps: int):
+    """A function that runs one decode step feeding each of `rows` rows `span` tokens on top of
+    the prefilled context; room for 2 x `steps` calls (timed, then profiled)."""
+    spare = 2 * span * steps + 8
+    cache = _cache(prefilled, rows, context, spare=spare)
+    mask = torch.ones(rows, context + spare, dtype=torch.long)
+    position = [context]
+
+    def step() -> None:
+        p = position[0]
+        model(input_ids=torch.full((rows, span), 5), attention_mask=mask[:, : p + span],
+              position_ids=torch.arange(p, p + span).repeat(rows, 1), cache=cache, use_cache=True,
+              logits_to_keep=1)
+        position[0] += span
+
+    return step
+
+
+def _mean_ms(step, steps: int) -> float:
+    """Milliseconds per call over `steps - 1` calls, after one that warms up."""
+    step()
+    start = time.perf_counter()
+    for _ in range(steps - 1):
+        step()
+    return (time.perf_counter() - start) / (steps - 1) * 1e3
+
+
 def bench_dtype(dtype: str, rows_list: list[int], context: int, steps: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
@@ -95,21 +122,8 @@ def bench_dtype(dtype: str, rows_list: list[int], context: int, steps: int) -> d
                    "chunk_attention_share": round(next(e.cpu_time_total for e in averages if e.key == "attention")
                                                   / sum(e.self_cpu_time_total for e in averages), 3)}
         for rows in rows_list:
-            cache = _cache(prefilled, rows, context, spare=2 * steps + 8)
-            mask = torch.ones(rows, context + 2 * steps + 8, dtype=torch.long)
-            position = [context]
-
-            def step() -> None:
-                p = position[0]
-                model(input_ids=torch.full((rows, 1), 5), attention_mask=mask[:, : p + 1],
-                      position_ids=torch.full((rows, 1), p), cache=cache, use_cache=True, logits_to_keep=1)
-                position[0] += 1
-
-            step()
-            start = time.perf_counter()
-            for _ in range(steps - 1):
-                step()
-            step_ms = (time.perf_counter() - start) / (steps - 1) * 1e3
+            step = _decode_steps(model, prefilled, rows, context, span=1, steps=steps)
+            step_ms = _mean_ms(step, steps)
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 for _ in range(steps):
                     step()
@@ -130,22 +144,8 @@ def bench_dtype(dtype: str, rows_list: list[int], context: int, steps: int) -> d
         span_steps = {}
         for rows in rows_list:
             for span in SPANS:
-                cache = _cache(prefilled, rows, context, spare=span * steps + 8)
-                mask = torch.ones(rows, context + span * steps + 8, dtype=torch.long)
-                position = [context]
-
-                def step() -> None:
-                    p = position[0]
-                    model(input_ids=torch.full((rows, span), 5), attention_mask=mask[:, : p + span],
-                          position_ids=torch.arange(p, p + span).repeat(rows, 1), cache=cache, use_cache=True,
-                          logits_to_keep=1)
-                    position[0] += span
-
-                step()
-                start = time.perf_counter()
-                for _ in range(steps - 1):
-                    step()
-                span_steps[f"{rows}x{span}"] = round((time.perf_counter() - start) / (steps - 1) * 1e3, 2)
+                step = _decode_steps(model, prefilled, rows, context, span=span, steps=steps)
+                span_steps[f"{rows}x{span}"] = round(_mean_ms(step, steps), 2)
     return {"kv_dtype": str(kv_dtype).removeprefix("torch."), "linear_weight_mb": round(linear_bytes / 1e6, 1),
             "prefill": prefill, "rows": results, "span_steps_ms": span_steps,
             "_last_logits": last_logits}
