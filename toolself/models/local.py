@@ -278,13 +278,13 @@ class EmbeddedModel:
         self.context_length = int(getattr(model.config, "max_position_embeddings", 8192))
         vocab_size = int(model.config.vocab_size)
         stop_ids = _stop_token_ids(tokenizer)
+        self._segmented: dict[str, list[int]] = {}  # forced text -> its tokens, for `_forced_tokens`
         self.grammars = GrammarCache(tokenizer, vocab_size, max_string=max_string or DEFAULT_MAX_STRING,
                                      stop_token_ids=stop_ids[:1])
         self.engine = Engine(model, stop_token_ids=stop_ids, vocab_size=vocab_size, max_batch=max_batch,
                              cache_entries=cache_entries, cache_tokens=cache_tokens, threads=threads,
                              kv_dtype=cache_dtype or kv_dtype(model),
                              jump_forward=self._forced_tokens if jump_forward else None)
-        self._segmented: dict[str, list[int]] = {}
 
     @classmethod
     def load(cls, path: str | None = None, *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
