@@ -3,6 +3,8 @@ the loop accepts as they are, and with noise takes wrong turns that it mostly re
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from toolself.agent import Agent, AgentSettings
@@ -115,6 +117,22 @@ def test_the_same_seed_gives_the_same_trajectory(pool):
         _, trajectory, _ = attempt(task, pool, noise=0.5, seed=seed)
         return [(st.tool, st.arguments) for stage in trajectory.stages for st in stage.steps]
     assert steps(3) == steps(3)
+
+
+def test_a_code_attempt_reads_the_same_wherever_its_workspace_is(pool, tmp_path):
+    task = load_tasks("builtin:code", split="train", limit=1)[0]
+
+    def observations(root):
+        teacher = ExpertTeacher(task)
+        with task.environment(root=root) as env:
+            trajectory = Agent(teacher, pool, AgentSettings()).run(task.question, ctx=env.context, task_id=task.id)
+        return [re.sub(r"in \d+\.\d+s", "in <time>", step.observation)  # unittest's own timing
+                for stage in trajectory.stages for step in stage.steps]
+
+    here, there = observations(tmp_path / "a"), observations(tmp_path / "b" / "deeper")
+    assert here == there
+    assert any('File "./tests/' in seen for seen in here)
+    assert not any(str(tmp_path) in seen for seen in here)
 
 
 def test_without_reconfigure_it_still_finishes_in_one_stage(pool):

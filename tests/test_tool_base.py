@@ -86,7 +86,28 @@ def test_a_context_argument_is_injected_and_hidden_from_the_schema(tmp_path):
         return Observation(str(ctx.workspace))
 
     assert where.parameters["properties"] == {}
-    assert where({}, ToolContext(workspace=tmp_path)).content == str(tmp_path)
+    assert where({}, ToolContext(workspace=tmp_path)).content == "."
+
+
+def test_the_model_sees_its_workspace_as_dot(tmp_path):
+    @tool
+    def report(ctx: ToolContext) -> Observation:
+        """Fail the way a test run does, naming files by absolute path."""
+        ws = ctx.workspace
+        return Observation(f'File "{ws}/tests/test_units.py", line 8\nws {ws}.\nsibling {ws}-old/x, {ws}.bak',
+                           is_error=True)
+
+    seen = report({}, ToolContext(workspace=tmp_path)).content
+    assert seen == f'File "./tests/test_units.py", line 8\nws ..\nsibling {tmp_path}-old/x, {tmp_path}.bak'
+
+
+def test_errors_name_the_workspace_as_dot_too(tmp_path):
+    @tool
+    def refuse(ctx: ToolContext) -> str:
+        """Refuse, naming the workspace root."""
+        raise ToolError(f"use a path inside {ctx.workspace}")
+
+    assert refuse({}, ToolContext(workspace=tmp_path)).content == "refuse failed: use a path inside ."
 
 
 def test_a_tool_without_type_hints_is_refused():

@@ -56,7 +56,7 @@ def test_syntax_error_is_reported_and_the_session_goes_on(ctx):
 def test_working_directory_is_the_workspace(ctx):
     py(ctx, "open('data.csv', 'w').write('a,b\\n1,2\\n')")
     assert (ctx.workspace / "data.csv").read_text() == "a,b\n1,2\n"
-    assert py(ctx, "import os; os.getcwd()").content == f"[value]\n{str(ctx.workspace.resolve())!r}"
+    assert py(ctx, "import os; os.getcwd()").content == "[value]\n'.'"
 
 
 def test_installed_libraries_are_importable(ctx):
@@ -67,7 +67,7 @@ def test_host_secrets_are_not_in_the_environment(ctx, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
     obs = py(ctx, "import os\nsorted(k for k in os.environ if 'KEY' in k or 'TOKEN' in k), os.environ['HOME']")
     assert "sk-secret" not in obs.content
-    assert obs.content == f"[value]\n([], {str(ctx.workspace.resolve())!r})"
+    assert obs.content == "[value]\n([], '.')"
 
 
 def test_sys_exit_does_not_end_the_session(ctx):

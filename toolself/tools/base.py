@@ -53,6 +53,16 @@ class ToolContext:
         return cls(workspace=Path(tempfile.mkdtemp(prefix="toolself-ws-")), collection=collection,
                    model=model, _owns_workspace=True)
 
+    def relative(self, text: str) -> str:
+        """`text` with the workspace's own path written as `.`, so that a traceback reads
+        `File "./tests/test_units.py"`. Where a run keeps its workspaces is the host's business:
+        the absolute path costs the model context tokens, names the machine in trajectories and
+        training data, and its random suffix would make the same attempt read differently on
+        every run."""
+        for root in _spellings(self.workspace):
+            text = re.sub(re.escape(root) + r"(?![\w-]|\.[\w-])", ".", text)
+        return text
+
     def close(self) -> None:
         for resource in list(self.resources.values()):
             close = getattr(resource, "close", None)
@@ -64,6 +74,12 @@ class ToolContext:
         self.resources.clear()
         if self._owns_workspace:
             shutil.rmtree(self.workspace, ignore_errors=True)
+
+
+def _spellings(workspace: Path) -> list[str]:
+    """The workspace as given and as resolved (a link in its path, such as macOS's /tmp), longest
+    first so that one is never replaced inside the other."""
+    return sorted({str(workspace), str(workspace.resolve())}, key=len, reverse=True)
 
 
 _ARGS_SECTION = re.compile(r"^\s*Args:\s*$", re.MULTILINE)
@@ -171,7 +187,14 @@ class Tool:
         return {name: getattr(parsed, name) for name in self.arguments_model.model_fields}
 
     def __call__(self, arguments: dict[str, Any], ctx: ToolContext | None = None) -> Observation:
-        """Validate and run; every failure comes back as an error observation."""
+        """Validate and run; every failure comes back as an error observation, and the workspace
+        appears in it as `.` (`ToolContext.relative`)."""
+        observation = self._run(arguments, ctx)
+        if ctx is not None:
+            observation.content = ctx.relative(observation.content)
+        return observation
+
+    def _run(self, arguments: dict[str, Any], ctx: ToolContext | None) -> Observation:
         try:
             kwargs = self.validate(arguments)
         except ToolArgumentError as exc:
