@@ -1,5 +1,6 @@
 """The tool interface: schemas from code, validation, errors as observations."""
 
+from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -99,6 +100,12 @@ def test_the_model_sees_its_workspace_as_dot(tmp_path):
 
     seen = report({}, ToolContext(workspace=tmp_path)).content
     assert seen == f'File "./tests/test_units.py", line 8\nws ..\nsibling {tmp_path}-old/x, {tmp_path}.bak'
+
+
+def test_a_relative_workspace_path_is_not_replaced_inside_words(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ws").mkdir()
+    assert ToolContext(workspace=Path("ws")).relative(f"news in {tmp_path}/ws/a.txt") == "news in ./a.txt"
 
 
 def test_errors_name_the_workspace_as_dot_too(tmp_path):

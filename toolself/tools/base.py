@@ -13,7 +13,7 @@ import re
 import shutil
 import tempfile
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Callable, get_type_hints
 
@@ -77,9 +77,9 @@ class ToolContext:
 
 
 def _spellings(workspace: Path) -> list[str]:
-    """The workspace as given and as resolved (a link in its path, such as macOS's /tmp), longest
-    first so that one is never replaced inside the other."""
-    return sorted({str(workspace), str(workspace.resolve())}, key=len, reverse=True)
+    """The workspace's absolute path as given and as resolved (a link in its path, such as
+    macOS's /tmp), longest first so that one is never replaced inside the other."""
+    return sorted({str(workspace.absolute()), str(workspace.resolve())}, key=len, reverse=True)
 
 
 _ARGS_SECTION = re.compile(r"^\s*Args:\s*$", re.MULTILINE)
@@ -190,9 +190,9 @@ class Tool:
         """Validate and run; every failure comes back as an error observation, and the workspace
         appears in it as `.` (`ToolContext.relative`)."""
         observation = self._run(arguments, ctx)
-        if ctx is not None:
-            observation.content = ctx.relative(observation.content)
-        return observation
+        if ctx is None:
+            return observation
+        return replace(observation, content=ctx.relative(observation.content))
 
     def _run(self, arguments: dict[str, Any], ctx: ToolContext | None) -> Observation:
         try:
