@@ -2,10 +2,14 @@
 
 Long documents are cut into pages of a fixed size and the observation says which page this
 is, how many there are, and how to ask for the next: nothing is dropped silently, and the
-model decides whether reading on is worth its context. With a `goal` and a policy model in
-the context, the page is handed to the model with a short extraction prompt and only the
-relevant parts come back (the paper's goal-directed reading); without a model the page is
-returned as is.
+model decides whether reading on is worth its context. With a `goal`, the page is handed to
+a summariser with the extraction prompt `prompts/visit_extract.j2` and only the relevant
+parts come back (the paper's goal-directed reading): the run's `--visit-model` when one is
+set, else the policy model in the context; without either the page is returned as is. A
+failed extraction returns the page itself with a note, since the page is still useful.
+
+Web pages are read by the run's page reader (`WebSettings.reader`: directly or through a
+reader service); their text is kept in the run's cache, so a rerun does not fetch twice.
 
 Locators that are not exact get one chance: a unique, close match on title or locator is
 accepted; otherwise the error lists the nearest candidates so the next call can be right.
@@ -14,21 +18,23 @@ accepted; otherwise the error lists the nearest candidates so the next call can 
 from __future__ import annotations
 
 import difflib
-import ipaddress
-import os
 import re
-import socket
-from dataclasses import dataclass
+import threading
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from typing import Any
 
-import httpx
+import jinja2
 
-from toolself.tools.base import ToolContext, ToolError, tool
-from toolself.tools.collection import Document, html_to_text
+from toolself.tools.base import Tool, ToolContext, ToolError
+from toolself.tools.collection import Document
+from toolself.tools.web.cache import DiskCache
+from toolself.tools.web.settings import WebSettings
 
 PAGE_CHARS = 6000
-FETCH_TIMEOUT_S = 20.0
-MAX_FETCH_BYTES = 10 * 1024 * 1024
 EXTRACT_MAX_TOKENS = 600
+SUMMARISER_TIMEOUT_S = 120.0
+SUMMARISER_RETRIES = 3
 
 
 @dataclass(frozen=True)
@@ -57,75 +63,21 @@ def paginate(text: str, page_chars: int = PAGE_CHARS) -> list[str]:
     return pages
 
 
-def online() -> bool:
-    return bool(os.environ.get("SEARX_HOST")) or os.environ.get("TOOLSELF_ONLINE", "").lower() in {"1", "true", "yes"}
-
-
-def _refuse_private(request: httpx.Request) -> None:
-    """Refuse loopback, private, link-local and reserved addresses (every redirect hop too):
-    a page the model read must not be able to send it to a cloud metadata endpoint or an
-    internal service. TOOLSELF_VISIT_PRIVATE=1 allows them (a local mirror, the tests)."""
-    if os.environ.get("TOOLSELF_VISIT_PRIVATE", "").lower() in {"1", "true", "yes"}:
-        return
-    host = request.url.host
-    try:
-        infos = socket.getaddrinfo(host, request.url.port or 443, proto=socket.IPPROTO_TCP)
-    except socket.gaierror as exc:
-        raise ToolError(f"cannot resolve {host}: {exc}") from None
-    for info in infos:
-        address = ipaddress.ip_address(info[4][0].split("%")[0])
-        if not address.is_global or address.is_multicast:
-            raise ToolError(f"refused: {host} is a private or local address ({address}); "
-                            "only public web pages can be visited")
-
-
-def fetch_url(url: str) -> Document:
-    """Fetch a page and keep its main text (trafilatura), falling back to all visible text."""
-    if not online():
-        raise ToolError(f"cannot open {url}: this run is offline (set SEARX_HOST or TOOLSELF_ONLINE=1 to allow the web)")
-    try:
-        with httpx.Client(timeout=FETCH_TIMEOUT_S, follow_redirects=True, max_redirects=5,
-                          event_hooks={"request": [_refuse_private]},
-                          headers={"User-Agent": "toolself/0.1 (+visit)"}) as client, \
-                client.stream("GET", url) as response:
-            response.raise_for_status()
-            body = bytearray()
-            for chunk in response.iter_bytes():
-                body.extend(chunk)
-                if len(body) > MAX_FETCH_BYTES:
-                    break
-            content_type = response.headers.get("content-type", "")
-            encoding = response.encoding or "utf-8"
-    except httpx.HTTPStatusError as exc:
-        raise ToolError(f"{url} answered HTTP {exc.response.status_code}") from None
-    except httpx.HTTPError as exc:
-        raise ToolError(f"could not fetch {url}: {type(exc).__name__}: {exc}") from None
-    raw = bytes(body)
-    if "pdf" in content_type or raw.startswith(b"%PDF"):
-        return Document(url, url.rsplit("/", 1)[-1] or url, _pdf_bytes_text(raw))
-    html = raw.decode(encoding, errors="replace")
-    if "html" not in content_type and not re.search(r"<html|<body|<p[ >]", html[:2000], re.IGNORECASE):
-        return Document(url, url, html)
-    title, fallback = html_to_text(html)
-    text = None
-    try:
-        import trafilatura
-
-        text = trafilatura.extract(html, url=url, include_tables=True, include_comments=False,
-                                   output_format="markdown", favor_recall=True)
-    except ImportError:
-        pass
-    return Document(url, title or url, text if text and len(text) > len(fallback) // 10 else fallback)
-
-
-def _pdf_bytes_text(raw: bytes) -> str:
-    import io
-
-    try:
-        from pdfminer.high_level import extract_text
-    except ImportError:
-        raise ToolError("reading PDF pages needs pdfminer.six (pip install 'toolself[tools]')") from None
-    return extract_text(io.BytesIO(raw))
+def fetch_url(url: str, settings: WebSettings) -> Document:
+    """The page as the run's reader gives it, through the run's cache."""
+    if not settings.web_allowed:
+        raise ToolError(f"cannot open {url}: this run is offline (configure a search backend or a reader, "
+                        "or set TOOLSELF_ONLINE=1 to allow the web)")
+    reader = settings.page_reader()
+    cache = DiskCache(settings.cache_dir) if settings.cache_dir else None
+    key = ["page", reader.name, getattr(reader, "url", ""), url]
+    hit = cache.get(key) if cache is not None else None
+    if isinstance(hit, dict):
+        return Document(**hit)
+    document = reader.read(url)
+    if cache is not None:
+        cache.put(key, asdict(document))
+    return document
 
 
 def resolve_local(collection, locator: str) -> Document:
@@ -155,30 +107,30 @@ def resolve_local(collection, locator: str) -> Document:
     raise ToolError(f"no document with locator {locator!r} in the collection; use search to find locators")
 
 
-def open_document(locator: str, ctx: ToolContext | None) -> Document:
+def open_document(locator: str, ctx: ToolContext | None, settings: WebSettings) -> Document:
     collection = getattr(ctx, "collection", None) if ctx is not None else None
     if collection is not None and locator in collection:
         return collection.get(locator)
     if re.match(r"^https?://", locator, re.IGNORECASE):
-        cache = ctx.resources.setdefault("visit_pages", {}) if ctx is not None else {}
-        if locator not in cache:
-            cache[locator] = fetch_url(locator)
-        return cache[locator]
+        pages = ctx.resources.setdefault("visit_pages", {}) if ctx is not None else {}
+        if locator not in pages:
+            pages[locator] = fetch_url(locator, settings)
+        return pages[locator]
     if collection is None:
         raise ToolError(f"{locator!r} is not a URL and this task has no document collection")
     return resolve_local(collection, locator)
 
 
+def _template() -> jinja2.Template:
+    source = resources.files("toolself").joinpath("prompts/visit_extract.j2").read_text(encoding="utf-8")
+    return jinja2.Template(source, undefined=jinja2.StrictUndefined, keep_trailing_newline=False)
+
+
 def extract_for_goal(model, page: Page, goal: str) -> str:
     from toolself.models.base import Message
 
-    prompt = (
-        f"Goal: {goal}\n\n"
-        f"Document: {page.document.title} ({page.document.locator}), page {page.number} of {page.count}\n"
-        f"-----\n{page.text}\n-----\n\n"
-        "Copy out every passage of the document that helps with the goal, quoting facts, names, numbers "
-        "and dates exactly. If nothing on this page is relevant, answer exactly: Nothing relevant on this page."
-    )
+    prompt = _template().render(goal=goal, title=page.document.title, locator=page.document.locator,
+                                number=page.number, count=page.count, text=page.text).strip()
     completion = model.complete(
         [Message("system", "You read documents and extract only what serves a stated goal."),
          Message("user", prompt)],
@@ -187,35 +139,69 @@ def extract_for_goal(model, page: Page, goal: str) -> str:
     return (completion.text or "").strip()
 
 
-@tool
-def visit(locator: str, ctx: ToolContext, page: int = 1, goal: str | None = None) -> str:
-    """Read a document (by the locator a search returned) or a web page, one page at a time.
+@dataclass
+class _Visit:
+    """The tool's state: its settings, and the summariser built from them on first use (not
+    pickled: a worker builds its own)."""
 
-    Args:
-        locator: The document's locator from a search result, or an http(s) URL.
-        page: Which page of a long document to read, starting at 1.
-        goal: Optional: what you are looking for; only the parts relevant to it are returned.
-    """
-    if page < 1:
-        raise ToolError("page starts at 1")
-    doc = open_document(locator.strip(), ctx)
-    pages = paginate(doc.text)
-    if page > len(pages):
-        raise ToolError(f"{doc.locator} has {len(pages)} page(s); page {page} does not exist")
-    current = Page(doc, page, len(pages), pages[page - 1])
-    header = f"# {doc.title}\nlocator: {doc.locator}"
-    if len(pages) > 1:
-        header += f"\npage {page} of {len(pages)}"
-    footer = ""
-    if page < len(pages):
-        footer = f"\n\n[page {page} of {len(pages)}; to read on, call visit with locator={doc.locator!r} and page={page + 1}]"
-    model = getattr(ctx, "model", None) if ctx is not None else None
-    if goal and model is not None:
-        try:
-            extracted = extract_for_goal(model, current, goal)
-        except Exception as exc:  # a failed extraction still leaves the page itself useful
-            return f"{header}\n(goal-directed extraction failed: {type(exc).__name__}: {exc}; full page follows)\n\n{current.text}{footer}"
-        return f"{header}\nparts relevant to the goal {goal!r}:\n\n{extracted or 'Nothing relevant on this page.'}{footer}"
-    if not current.text:
-        return f"{header}\n\n(the document is empty)"
-    return f"{header}\n\n{current.text}{footer}"
+    settings: WebSettings | None = None
+    _summariser: Any = field(default=None, repr=False)
+    _lock: Any = field(default_factory=threading.Lock, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"settings": self.settings}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["settings"])
+
+    def summariser(self, settings: WebSettings, ctx: ToolContext | None) -> Any:
+        if settings.visit_model is None:
+            return getattr(ctx, "model", None) if ctx is not None else None
+        with self._lock:
+            if self._summariser is None:
+                from toolself.models import load_model
+
+                self._summariser = load_model(settings.visit_model, timeout=SUMMARISER_TIMEOUT_S,
+                                              max_retries=SUMMARISER_RETRIES)
+            return self._summariser
+
+    def visit(self, locator: str, ctx: ToolContext, page: int = 1, goal: str | None = None) -> str:
+        """Read a document (by the locator a search returned) or a web page, one page at a time.
+
+        Args:
+            locator: The document's locator from a search result, or an http(s) URL.
+            page: Which page of a long document to read, starting at 1.
+            goal: Optional: what you are looking for; only the parts relevant to it are returned.
+        """
+        if page < 1:
+            raise ToolError("page starts at 1")
+        settings = self.settings or WebSettings.from_env()
+        doc = open_document(locator.strip(), ctx, settings)
+        pages = paginate(doc.text)
+        if page > len(pages):
+            raise ToolError(f"{doc.locator} has {len(pages)} page(s); page {page} does not exist")
+        current = Page(doc, page, len(pages), pages[page - 1])
+        header = f"# {doc.title}\nlocator: {doc.locator}"
+        if len(pages) > 1:
+            header += f"\npage {page} of {len(pages)}"
+        footer = ""
+        if page < len(pages):
+            footer = f"\n\n[page {page} of {len(pages)}; to read on, call visit with locator={doc.locator!r} and page={page + 1}]"
+        model = self.summariser(settings, ctx) if goal else None
+        if model is not None:
+            try:
+                extracted = extract_for_goal(model, current, goal)
+            except Exception as exc:  # a failed extraction still leaves the page itself useful
+                return f"{header}\n(goal-directed extraction failed: {type(exc).__name__}: {exc}; full page follows)\n\n{current.text}{footer}"
+            return f"{header}\nparts relevant to the goal {goal!r}:\n\n{extracted or 'Nothing relevant on this page.'}{footer}"
+        if not current.text:
+            return f"{header}\n\n(the document is empty)"
+        return f"{header}\n\n{current.text}{footer}"
+
+
+def visit_tool(settings: WebSettings | None) -> Tool:
+    """`visit` bound to `settings` (None: read from the environment at each call)."""
+    return Tool(_Visit(settings).visit)
+
+
+visit = visit_tool(None)
