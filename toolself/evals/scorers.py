@@ -235,9 +235,14 @@ class LLMJudge:
                 pass
         text = self.prompt.replace("{question}", question).replace("{reference}", reference).replace(
             "{prediction}", prediction)
-        replies = []
+        replies: list[str] = []
+        failures: list[str] = []
         for _ in range(self.attempts):
-            reply = self.model.complete([Message(role="user", content=text)]).text
+            try:
+                reply = self.model.complete([Message(role="user", content=text)]).text or ""
+            except Exception as exc:  # the model's client already retried 429, 5xx and timeouts
+                failures.append(f"{type(exc).__name__}: {exc}")
+                continue
             replies.append(reply)
             verdict = parse_verdict(reply)
             if verdict is not None:
@@ -248,8 +253,12 @@ class LLMJudge:
                 tmp.write_text(json.dumps({"correct": verdict, "reason": reason, "details": details}), encoding="utf-8")
                 tmp.replace(path)
                 return Score(verdict, self.name, reason, details)
+        if failures and not replies:
+            # Not cached and not a verdict: a rerun asks again once the judge is back.
+            return Score(False, self.name, f"the judge failed {len(failures)} time(s), no verdict: {failures[-1]}",
+                         {"judge_failed": True, "failures": failures, "cached": False})
         return Score(False, self.name, f"no strict verdict line in {len(replies)} judge replies",
-                     {"replies": replies, "cached": False})
+                     {"replies": replies, "failures": failures, "cached": False})
 
 
 # dispatch ------------------------------------------------------------------------------------

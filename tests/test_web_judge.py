@@ -1,0 +1,74 @@
+"""The LLM judge against a loopback OpenAI-compatible server that misbehaves: rate limits and
+server errors are retried, and a judge that stays down, answers too slowly or answers
+something that is not a chat completion is a recorded failure (never a crash, never cached)."""
+
+import time
+
+import pytest
+
+from toolself.evals.scorers import LLMJudge
+from toolself.models.openai_compat import OpenAIModel
+from web_fakes import FakeService, Reply
+
+
+def completion(text):
+    return {"id": "c1", "object": "chat.completion", "model": "judge",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+
+
+CORRECT = completion("Same city.\nVERDICT: CORRECT")
+
+
+def judge_at(url, tmp_path, timeout=5.0):
+    model = OpenAIModel("judge", url + "/v1", api_key="k", max_retries=2, backoff_base=0.01, timeout=timeout)
+    return LLMJudge(model, cache_dir=tmp_path / "verdicts")
+
+
+def test_a_rate_limited_judge_is_asked_again_after_the_time_it_asks(tmp_path):
+    service = FakeService([Reply(429, {"error": {"message": "slow down"}}, {"Retry-After": "1"})], default=Reply(200, CORRECT))
+    started = time.monotonic()
+    with service.running() as url:
+        verdict = judge_at(url, tmp_path).judge("Where?", "Paris", "paris, France")
+    assert verdict.correct and verdict.scorer == "llm_judge"
+    assert time.monotonic() - started >= 1.0 and len(service.requests) == 2
+
+
+def test_server_errors_of_the_judge_are_retried(tmp_path):
+    service = FakeService([Reply(500, "oops"), Reply(503, "busy")], default=Reply(200, CORRECT))
+    with service.running() as url:
+        assert judge_at(url, tmp_path).judge("Where?", "Paris", "Paris").correct
+
+
+def test_a_judge_that_stays_down_is_a_recorded_failure_that_is_not_cached(tmp_path):
+    service = FakeService([], default=Reply(500, "down"))
+    with service.running() as url:
+        judge = judge_at(url, tmp_path)
+        verdict = judge.judge("Where?", "Paris", "Paris!")
+    assert not verdict.correct and verdict.details["judge_failed"]
+    assert "the judge failed" in verdict.reason and "500" in verdict.reason
+    assert not list((tmp_path / "verdicts").rglob("*.json"))
+
+
+def test_a_judge_that_answers_too_slowly_is_a_recorded_failure(tmp_path):
+    service = FakeService([], default=Reply(200, CORRECT, delay=3.0))
+    with service.running() as url:
+        verdict = judge_at(url, tmp_path, timeout=0.3).judge("Where?", "Paris", "Lyon")
+    assert not verdict.correct and verdict.details["judge_failed"]
+
+
+@pytest.mark.parametrize("body", ["<html>gateway</html>", {"choices": []}, {"object": "error"}])
+def test_a_body_that_is_not_a_completion_is_a_recorded_failure(tmp_path, body):
+    service = FakeService([], default=Reply(200, body))
+    with service.running() as url:
+        verdict = judge_at(url, tmp_path).judge("Where?", "Paris", "Lyon")
+    assert not verdict.correct and verdict.details["judge_failed"]
+
+
+def test_a_failed_judge_is_asked_again_on_the_next_run(tmp_path):
+    down = FakeService([], default=Reply(500, "down"))
+    with down.running() as url:
+        assert judge_at(url, tmp_path).judge("Where?", "Paris", "Paris!").details["judge_failed"]
+    up = FakeService([], default=Reply(200, CORRECT))
+    with up.running() as url:
+        assert judge_at(url, tmp_path).judge("Where?", "Paris", "Paris!").correct
