@@ -132,3 +132,91 @@ def test_nothing_is_cached_when_every_layer_is_adapted(student):
     model = adapted(student, lora_layers=0)
     assert frozen_layer_count(model.get_base_model().get_decoder().layers) == 0
     assert cache_frozen_layers(model) is None
+
+
+def tiny_adapted(lora_layers: int = 2):
+    """A random four-layer llama with adapters on its top layers: no weights to load."""
+    from peft import get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    base = LlamaForCausalLM(config)
+    model = get_peft_model(base, LoraArguments(lora_layers=lora_layers).peft_config(base))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.02)
+    model.train()
+    return model
+
+
+def checkpoint_whole_layer_calls(model) -> None:
+    """Checkpoint each decoder layer's whole call, its instance `forward` included, as
+    transformers did up to 5.17 (`GradientCheckpointingLayer.__call__`); 5.18 moved the
+    checkpoint into the class's `forward`, under an instance's own."""
+    from functools import partial
+
+    for layer in model.get_base_model().get_decoder().layers:
+        cls = type(layer)
+
+        class WholeCallCheckpointed(cls):
+            def __call__(self, *args, **kwargs):
+                if self.gradient_checkpointing and self.training:
+                    return self._gradient_checkpointing_func(partial(torch.nn.Module.__call__, self, **kwargs), *args)
+                return torch.nn.Module.__call__(self, *args, **kwargs)
+
+        WholeCallCheckpointed.forward = getattr(cls.forward, "__wrapped__", cls.forward)
+        layer.__class__ = WholeCallCheckpointed
+
+
+def padded_pair():
+    ids = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    mask[1, 16:] = 0  # a shorter second sequence, right-padded as TRL's collator pads it
+    labels = ids.masked_fill(mask == 0, -100)
+    return ids, mask, labels
+
+
+def padded_loss_and_grads(model, ids, mask, labels):
+    model.zero_grad()
+    loss = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+@pytest.mark.parametrize("whole_call", [True, False], ids=["transformers-5.17", "installed-transformers"])
+def test_under_gradient_checkpointing_the_cache_trains_exactly_as_the_plain_model(whole_call, reentrant):
+    batch = padded_pair()
+    reference = padded_loss_and_grads(tiny_adapted(), *batch)
+    model = tiny_adapted()
+    model.get_base_model().activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+    model.enable_input_require_grads()  # as TRL does for PEFT with gradient checkpointing
+    if whole_call:
+        checkpoint_whole_layer_calls(model)
+    cache = cache_frozen_layers(model)
+    for _ in range(2):  # the first computes and keeps the frozen block, the second replays it
+        loss, grads = padded_loss_and_grads(model, *batch)
+        torch.testing.assert_close(loss, reference[0])
+        assert grads.keys() == reference[1].keys()
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, reference[1][name], msg=name)
+    assert (cache.misses, cache.hits) == (1, 1)
+
+
+def test_the_frozen_layers_keep_no_activations_for_a_backward_pass():
+    model = tiny_adapted()
+    model.enable_input_require_grads()
+    cache_frozen_layers(model)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        plain = len(saved)
+        model(input_ids=padded_pair()[0], use_cache=False)
+    adapted_only = len(saved) - plain
+    saved.clear()
+    every = tiny_adapted(lora_layers=4)
+    every.enable_input_require_grads()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        every(input_ids=padded_pair()[0], use_cache=False)
+    assert 0 < adapted_only < len(saved) * 0.6  # two of four layers keep activations, not all four

@@ -11,6 +11,15 @@ bottom block's output the first time, and from then on returns it without runnin
 layers. The cached tensor is the one the layers produced, so losses and gradients are the
 same as without the cache. Memory is bounded (`max_bytes`); past the bound, new sequences
 are simply computed.
+
+The bottom block always runs without autograd: nothing in it or below it trains, so its
+activations need not be kept nor its backward pass run. That also makes it safe under gradient
+checkpointing. A checkpoint saves what a layer's forward saved for its backward pass and, in
+the backward pass, recomputes the layer and requires the same again; transformers up to 5.17
+checkpointed a layer's whole call, so the recomputation came back through this cache, found the
+batch cached and returned it without saving anything ("A different number of tensors was saved
+during the original forward and recomputation ... 32 / 0"). Without autograd the bottom block
+saves nothing either time, and nothing of it is recomputed.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ class FrozenLayerCache:
     misses: int = 0
     key: bytes | None = None
     replaying: bool = False
+    counted: bool = False  # the current batch's hit or miss is counted (a recomputation is not another)
 
     def stats(self) -> dict[str, Any]:
         return {"frozen_layers": self.frozen, "cached_batches": len(self.outputs), "cached_mb": round(self.bytes / 2**20, 1),
@@ -58,9 +68,10 @@ def _batch_key(kwargs: dict[str, Any], args: tuple) -> bytes | None:
     digest = hashlib.blake2b(digest_size=16)
     digest.update(str(tuple(ids.shape)).encode())
     digest.update(ids.detach().cpu().numpy().tobytes())
-    mask = kwargs.get("attention_mask")
-    if mask is not None:
-        digest.update(mask.detach().cpu().numpy().tobytes())
+    for name in ("attention_mask", "position_ids"):  # position ids mark where packed sequences start
+        if kwargs.get(name) is not None:
+            digest.update(name.encode())
+            digest.update(kwargs[name].detach().cpu().numpy().tobytes())
     return digest.digest()
 
 
@@ -68,6 +79,8 @@ def cache_frozen_layers(model: Any, max_bytes: int = DEFAULT_MAX_BYTES) -> Froze
     """Give the decoder under `model` (a PEFT wrapper or a transformers model) a cache of its
     frozen bottom layers. None when no layer is frozen (or the embeddings train) or the model
     has dropout."""
+    import torch
+
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     decoder = base.get_decoder()
     layers = decoder.layers
@@ -86,30 +99,45 @@ def cache_frozen_layers(model: Any, max_bytes: int = DEFAULT_MAX_BYTES) -> Froze
         decoding = (config.use_cache if use_cache is None else use_cache) or kwargs.get("cache") is not None \
             or kwargs.get("past_key_values") is not None
         cache.key = None if decoding else _batch_key(kwargs, args)
-        cache.replaying = False
+        cache.replaying = cache.counted = False
 
     decoder.register_forward_pre_hook(remember_batch, with_kwargs=True)
 
-    def bottom_layer(original):
+    bottom = list(layers)[:frozen]  # the objects, not the slots: a wrapper may later take a slot
+
+    def bottom_layer(layer, original):
+        first, last = layer is bottom[0], layer is bottom[-1]
+
         def forward(self, hidden_states, *args, **kwargs):
+            carries_grad = hidden_states.requires_grad and torch.is_grad_enabled()
             if cache.replaying:
                 return hidden_states
-            if self is layers[0] and cache.key is not None:
+            if first and cache.key is not None:
                 cached = cache.outputs.get(cache.key)
+                if not cache.counted:
+                    cache.hits, cache.misses = cache.hits + (cached is not None), cache.misses + (cached is None)
+                    cache.counted = True
                 if cached is not None:
-                    cache.hits += 1
                     cache.replaying = True
-                    return cached.clone()
-                cache.misses += 1
-            output = original(hidden_states, *args, **kwargs)
-            if self is layers[frozen - 1]:
+                    return _as_input(cached.clone(), carries_grad)
+            with torch.no_grad():
+                output = original(hidden_states, *args, **kwargs)
+            if last:
                 _keep(cache, output)
-            return output
+            return _as_input(output, carries_grad)
         return forward
 
-    for layer in list(layers)[:frozen]:
-        layer.forward = types.MethodType(bottom_layer(layer.forward), layer)
+    for layer in bottom:
+        layer.forward = types.MethodType(bottom_layer(layer, layer.forward), layer)
     return cache
+
+
+def _as_input(output, carries_grad: bool):
+    """The block's output as a leaf that asks for a gradient when its input did. Gradient
+    checkpointing makes the embeddings' output require one (`enable_input_require_grads`) so
+    that a reentrant checkpoint of an adapted layer passes gradients on; the leaf keeps that
+    contract without a graph through layers that have nothing to train."""
+    return output.requires_grad_() if carries_grad else output
 
 
 def _keep(cache: FrozenLayerCache, output) -> None:
