@@ -218,6 +218,27 @@ def test_sampling_with_a_seed_is_reproducible(model):
 
 
 @pytest.mark.slow
+def test_a_streamed_reply_is_the_completed_reply_in_pieces(model):
+    async def stream():
+        return [item async for item in model.astream(episode(), tools=SCHEMAS, max_tokens=24)]
+
+    *pieces, completion = asyncio.run(stream())
+    assert len(pieces) > 3
+    assert "".join(pieces) == model.tokenizer.decode(completion.completion_token_ids, skip_special_tokens=True)
+    assert completion.completion_token_ids == model.complete(episode(), tools=SCHEMAS, max_tokens=24).completion_token_ids
+
+
+@pytest.mark.slow
+def test_a_calls_own_sampling_replaces_the_models(model):
+    def sample(seed: int) -> list[int]:
+        future = model.submit(episode(), max_tokens=16, sampling=local.Sampling(temperature=1.5, seed=seed))
+        return future.result(timeout=60).completion_ids
+
+    assert sample(1) == sample(1)
+    assert len({tuple(sample(seed)) for seed in range(4)}) >= 3
+
+
+@pytest.mark.slow
 def test_running_out_of_tokens_mid_call_returns_what_was_written(model):
     completion = model.complete(episode(), tools=SCHEMAS, max_tokens=12)
     assert completion.finish_reason == "length"

@@ -20,7 +20,7 @@ from http_fixtures import InFlight, running_server, serving
 from toolself.models.base import Completion, Message, SyncModelBase, ToolCall, Usage
 from toolself.models.openai_compat import OpenAIModel
 from toolself.models.scripted import ScriptedModel, call
-from toolself.serve import create_app
+from toolself.serve import DeltaWriter, create_app, merge_deltas
 
 SEARCH = {"type": "function", "function": {"name": "search", "description": "Search.",
                                            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}
@@ -126,7 +126,17 @@ def test_tool_calls_and_reasoning_are_returned_in_openai_shape():
     ({"messages": [{"role": "tool", "content": "r"}]}, "tool_call_id"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text content"),
     ({"messages": HELLO, "max_tokens": 0}, "max_tokens"),
-    ({"messages": HELLO, "n": 2}, "n"),
+    ({"messages": HELLO, "n": 2}, "one choice per request"),
+    ({"messages": HELLO, "logprobs": True}, "log-probabilities"),
+    ({"messages": HELLO, "top_logprobs": 3}, "log-probabilities"),
+    ({"messages": HELLO, "frequency_penalty": 0.5}, "penalties"),
+    ({"messages": HELLO, "logit_bias": {"42": 5}}, "logit_bias"),
+    ({"messages": HELLO, "top_k": 5}, "top_k: this server does not support"),
+    ({"messages": HELLO, "temperature": 3}, "temperature"),
+    ({"messages": HELLO, "stop": ["a", "b", "c", "d", "e"]}, "at most 4"),
+    ({"messages": HELLO, "tools": [SEARCH], "tool_choice": {"type": "function", "function": {"name": "visit"}}},
+     "'visit' is not among the tools"),
+    ({"messages": HELLO, "tool_choice": "required"}, "needs tools"),
     ({"messages": HELLO, "tools": [{"type": "function", "function": {"description": "no name"}}]}, "name"),
     ({"messages": HELLO, "response_format": {"type": "json_schema"}}, "json_schema"),
 ])
@@ -261,3 +271,125 @@ def test_the_serve_command_serves_a_model_spec_as_a_subprocess():
     assert [(c.name, c.arguments) for c in completion.tool_calls] == [("search", {"query": "via the proxy"})]
     assert upstream.calls[0]["tools"] == [SEARCH]
     assert listed == "openai:upstream"
+
+
+def test_fields_that_never_change_a_reply_are_accepted():
+    with serving(RecordingModel()) as url:
+        response = post(url, {"messages": HELLO, "user": "u1", "metadata": {"k": "v"}, "store": False,
+                              "parallel_tool_calls": True, "n": 1, "logprobs": False, "frequency_penalty": 0})
+    assert response.status_code == 200
+
+
+def test_a_named_tool_choice_offers_the_model_only_that_tool():
+    model = RecordingModel()
+    visit = {"type": "function", "function": {"name": "visit", "parameters": {"type": "object"}}}
+    with serving(model) as url:
+        post(url, {"messages": HELLO, "tools": [SEARCH, visit],
+                   "tool_choice": {"type": "function", "function": {"name": "visit"}}})
+    assert [t["function"]["name"] for t in model.calls[0]["tools"]] == ["visit"]
+
+
+def test_a_stop_sequence_cuts_the_reply_of_a_model_that_is_not_incremental():
+    model = RecordingModel(Message("assistant", "First sentence. Second sentence."))
+    with serving(model) as url:
+        choice = post(url, {"messages": HELLO, "stop": "."}).json()["choices"][0]
+    assert choice["message"]["content"] == "First sentence"
+    assert choice["finish_reason"] == "stop"
+
+
+def feed_by_characters(writer: DeltaWriter, text: str) -> list[dict[str, Any]]:
+    return [d for ch in text for d in writer.feed(ch)]
+
+
+def test_a_tool_call_streams_its_name_first_and_its_arguments_as_they_are_written():
+    writer = DeltaWriter(tools=True, stop=[])
+    text = '<tool_call>\n{"name": "search", "arguments": {"query": "a {b} c", "n": {"k": 1}}}\n</tool_call>'
+    deltas = feed_by_characters(writer, text)
+    first = deltas[0]["tool_calls"][0]
+    assert first["function"] == {"name": "search", "arguments": ""} and first["id"]
+    pieces = [d["tool_calls"][0]["function"]["arguments"] for d in deltas[1:]]
+    assert len(pieces) > 5, "the arguments came in one piece"
+    (call_,) = merge_deltas(deltas)["tool_calls"]
+    assert json.loads(call_["function"]["arguments"]) == {"query": "a {b} c", "n": {"k": 1}}
+
+
+def test_streamed_content_holds_back_what_could_start_a_stop_sequence():
+    writer = DeltaWriter(tools=False, stop=["END"])
+    deltas = feed_by_characters(writer, "one two EN three EN")
+    assert merge_deltas(deltas)["content"] == "one two EN three"
+    assert not writer.stopped
+    deltas += feed_by_characters(writer, "D more")
+    assert merge_deltas(deltas)["content"] == "one two EN three " and writer.stopped
+
+
+# -- the embedded model behind the server: real sampling and token-by-token streams -----------
+
+@pytest.fixture(scope="module")
+def embedded():
+    from toolself.models.local import EmbeddedModel
+
+    model = EmbeddedModel.load(dtype="float32", threads=0)
+    yield model
+    model.close()
+
+
+def client_for(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=120)
+
+
+@pytest.mark.slow
+def test_sampling_fields_change_the_embedded_models_samples(embedded):
+    story = [{"role": "user", "content": "Write one sentence about a cat."}]
+    with serving(embedded) as url, client_for(url) as client:
+        def reply(**fields):
+            return client.chat.completions.create(model="m", messages=story, max_tokens=12,
+                                                  **fields).choices[0].message.content
+        sampled = [reply(temperature=1.5, seed=seed) for seed in range(4)]
+        again = reply(temperature=1.5, seed=0)
+        greedy = {reply(), reply()}
+    assert len(set(sampled)) >= 3, sampled
+    assert again == sampled[0]
+    assert len(greedy) == 1
+
+
+@pytest.mark.slow
+def test_a_stop_sequence_ends_the_embedded_models_reply_where_it_appears(embedded):
+    story = [{"role": "user", "content": "Tell me about the sea."}]
+    with serving(embedded) as url, client_for(url) as client:
+        full = client.chat.completions.create(model="m", messages=story, max_tokens=40).choices[0].message.content
+        stop = full.split()[3]
+        cut = client.chat.completions.create(model="m", messages=story, max_tokens=40, stop=[stop, "zzz"]).choices[0]
+    assert cut.message.content == full[:full.index(stop)]
+    assert cut.finish_reason == "stop"
+
+
+@pytest.mark.slow
+def test_the_embedded_model_streams_its_reply_token_by_token(embedded):
+    story = [{"role": "user", "content": "Tell me about the sea."}]
+    with serving(embedded) as url, client_for(url) as client:
+        started = time.monotonic()
+        arrivals = []
+        for chunk in client.chat.completions.create(model="m", messages=story, max_tokens=48, stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                arrivals.append((time.monotonic() - started, chunk.choices[0].delta.content))
+        total = time.monotonic() - started
+        whole = client.chat.completions.create(model="m", messages=story, max_tokens=48).choices[0].message.content
+    assert len(arrivals) > 10
+    assert arrivals[0][0] < total / 3, f"first text at {arrivals[0][0]:.2f} s of {total:.2f} s"
+    assert "".join(text for _, text in arrivals) == whole
+
+
+@pytest.mark.slow
+def test_the_embedded_model_streams_a_tool_call_the_openai_sdk_reassembles(embedded):
+    with serving(embedded) as url, client_for(url) as client:
+        stream = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Search for the Lumen kettle."}], tools=[SEARCH],
+            stream=True, stream_options={"include_usage": True}, max_tokens=40)
+        chunks = list(stream)
+    calls = [c for chunk in chunks for choice in chunk.choices for c in choice.delta.tool_calls or []]
+    assert calls[0].function.name == "search" and calls[0].id
+    assert len(calls) > 2, "the arguments came in one piece"
+    arguments = json.loads("".join(c.function.arguments or "" for c in calls))
+    assert isinstance(arguments.get("query"), str)
+    assert chunks[-2].choices[0].finish_reason == "tool_calls"
+    assert chunks[-1].usage.completion_tokens > 0

@@ -2,8 +2,14 @@
 
 This lets every OpenAI client (our own `OpenAIModel`, other agent frameworks, evaluation
 harnesses) drive the embedded model or a scripted one exactly as it would drive vLLM.
-Requests are awaited with `model.acomplete`, never serialised here, so that concurrent
-requests reach the model together and a batching backend can batch them.
+Requests are awaited, never serialised here, so that concurrent requests reach the model
+together and a batching backend can batch them.
+
+A request field this server cannot honour is refused with a 400 rather than dropped: a client
+that asks for `logprobs`, `n=4` or a penalty and silently gets something else would build on
+wrong samples. A model with `astream` (the embedded one) samples with the request's
+`temperature`, `top_p` and `seed` and streams token by token; any other model replies as it
+always does (a scripted model has nothing to sample) and its stream comes in one piece.
 """
 
 from __future__ import annotations
@@ -11,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 import uuid
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any, AsyncIterator, Literal
 
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -25,7 +32,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from toolself.models.base import ChatModel, Completion, Message, ToolCall
+from toolself.models.base import ChatModel, Completion, Message, ToolCall, Usage
+from toolself.models.protocol import new_call_id
 
 log = logging.getLogger(__name__)
 
@@ -116,24 +124,89 @@ class StreamOptions(_Lenient):
     include_usage: bool = False
 
 
-class ChatRequest(_Lenient):
+class NamedToolChoice(_Lenient):
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class ChatRequest(BaseModel):
+    """The chat-completions fields this server honours; any other field is refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
     model: str | None = None
     messages: list[ChatMessageIn] = Field(min_length=1)
     tools: list[ToolSpec] | None = None
-    tool_choice: Any = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     response_format: ResponseFormat | None = None
     max_tokens: int | None = Field(default=None, gt=0)
     max_completion_tokens: int | None = Field(default=None, gt=0)
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    # Accepted because they never change a reply.
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    parallel_tool_calls: bool | None = None
+    service_tier: str | None = None
     # toolself extension: names the episode so the backend can keep its cache between turns.
     session: str | None = None
 
+    @model_validator(mode="after")
+    def _refuse_what_is_not_served(self) -> "ChatRequest":
+        if self.n != 1:
+            raise ValueError("n: this server returns one choice per request; send n=1 (or several requests)")
+        if self.logprobs or self.top_logprobs:
+            raise ValueError("logprobs: this server does not return log-probabilities")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name):
+                raise ValueError(f"{name}: this server does not apply penalties; send 0 or leave it out")
+        if self.logit_bias:
+            raise ValueError("logit_bias: this server does not bias logits")
+        if len(self.stop_sequences()) > 4:
+            raise ValueError("stop: at most 4 sequences")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            names = [t.function.name for t in self.tools or []]
+            if self.tool_choice.function.name not in names:
+                raise ValueError(f"tool_choice: {self.tool_choice.function.name!r} is not among the tools {names}")
+        elif self.tool_choice == "required" and not self.tools:
+            raise ValueError("tool_choice: 'required' needs tools")
+        return self
+
+    def stop_sequences(self) -> list[str]:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return [s for s in stop if s]
+
     def tool_schemas(self) -> list[dict[str, Any]] | None:
+        """The tools offered to the model: none for `tool_choice="none"`, only the named one for
+        a named choice (the embedded model's grammar then has to call it)."""
         if not self.tools or self.tool_choice == "none":
             return None
-        return [t.model_dump(exclude_none=True) for t in self.tools]
+        tools = self.tools
+        if isinstance(self.tool_choice, NamedToolChoice):
+            tools = [t for t in tools if t.function.name == self.tool_choice.function.name]
+        return [t.model_dump(exclude_none=True) for t in tools]
+
+    def sampling(self, model: Any) -> Any:
+        """The sampling of this request for a model that takes one per call (the model's own
+        settings fill the fields the request leaves out), or None to keep the model's."""
+        if self.temperature is None and self.top_p is None and self.seed is None:
+            return None
+        from toolself.models.local import Sampling
+
+        return Sampling(temperature=getattr(model, "temperature", 0.0) if self.temperature is None else self.temperature,
+                        top_p=getattr(model, "top_p", 1.0) if self.top_p is None else self.top_p,
+                        seed=getattr(model, "seed", 0) if self.seed is None else self.seed)
 
     def response_schema(self) -> dict[str, Any] | None:
         fmt = self.response_format
@@ -152,53 +225,206 @@ def error_response(status: int, message: str, type_: str = "invalid_request_erro
                         status_code=status)
 
 
-def _wire_tool_calls(message: Message) -> list[dict[str, Any]]:
-    return message.to_openai().get("tool_calls", [])
+def _usage_body(usage: Usage) -> dict[str, Any]:
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens, "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
 
 
-def completion_body(completion: Completion, model_name: str) -> dict[str, Any]:
-    message = completion.message
-    content = message.content if message.content or not message.tool_calls else None
-    out_message: dict[str, Any] = {"role": "assistant", "content": content}
-    if message.tool_calls:
-        out_message["tool_calls"] = _wire_tool_calls(message)
-    if message.reasoning:
-        out_message["reasoning_content"] = message.reasoning
-    finish = "tool_calls" if message.tool_calls else (completion.finish_reason or "stop")
-    return {
-        "id": "chatcmpl-" + uuid.uuid4().hex,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model_name,
-        "choices": [{"index": 0, "message": out_message, "finish_reason": finish, "logprobs": None}],
-        "usage": _usage_body(completion),
-    }
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 
 
-def _usage_body(completion: Completion) -> dict[str, Any]:
-    u = completion.usage
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.total_tokens, "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+def _held(text: str, markers: list[str]) -> int:
+    """How many characters at the end of `text` could be the start of a marker."""
+    return max((n for m in markers for n in range(1, len(m)) if text.endswith(m[:n])), default=0)
 
 
-def _stream_chunks(body: dict[str, Any], include_usage: bool):
-    """The whole completion as server-sent events: the model is not incremental here, but
-    clients that insist on streaming still get a well-formed stream."""
-    base = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"], "model": body["model"]}
-    choice = body["choices"][0]
-    message = choice["message"]
-    delta: dict[str, Any] = {"role": "assistant", "content": message["content"] or ""}
-    if "reasoning_content" in message:
-        delta["reasoning_content"] = message["reasoning_content"]
-    if "tool_calls" in message:
-        delta["tool_calls"] = [dict(c, index=i) for i, c in enumerate(message["tool_calls"])]
-    chunks = [{**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
-              {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}]
-    if include_usage:
-        chunks.append({**base, "choices": [], "usage": body["usage"]})
-    for chunk in chunks:
-        yield f"data: {json.dumps(chunk)}\n\n"
-    yield "data: [DONE]\n\n"
+class DeltaWriter:
+    """Turns a reply into the deltas of an OpenAI stream, as its text is decoded: content as
+    it comes (less a tail that could begin a stop sequence or a `<tool_call>` tag), each tool
+    call's name as soon as the model has written it, then its arguments as they come (less
+    the last `}`, which may close the call rather than the arguments). A model that is not
+    incremental gives only `finish`, and its reply comes in one delta. The non-streaming
+    reply is these deltas merged, so both carry the same reply."""
+
+    def __init__(self, tools: bool, stop: list[str]):
+        self.tools, self.stop = tools, stop
+        self.raw = ""
+        self.content = ""
+        self.calls: list[dict[str, Any]] = []  # id, name, and the arguments sent so far
+        self.stopped = False
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        self.raw += text
+        return self._deltas(final=False)
+
+    def finish(self, completion: Completion) -> list[dict[str, Any]]:
+        message = completion.message
+        if self.raw:
+            deltas = self._deltas(final=True)
+        else:  # not incremental: the whole reply at once
+            self.raw, self.tools = message.content, False
+            deltas = ([{"reasoning_content": message.reasoning}] if message.reasoning else []) + self._deltas(True)
+        for call in message.tool_calls[len(self.calls):]:
+            wire = Message("assistant", "", tool_calls=[call]).to_openai()["tool_calls"][0]
+            self.calls.append({"id": wire["id"], "name": call.name, "arguments": wire["function"]["arguments"]})
+            deltas.append({"tool_calls": [dict(wire, index=len(self.calls) - 1)]})
+        return deltas
+
+    def finish_reason(self, completion: Completion | None) -> str:
+        if self.stopped or completion is None:
+            return "stop"
+        return "tool_calls" if self.calls else (completion.finish_reason or "stop")
+
+    def _deltas(self, final: bool) -> list[dict[str, Any]]:
+        head, _, rest = self.raw.partition(_OPEN) if self.tools else (self.raw, "", "")
+        deltas = self._content_delta(head, final and not rest)
+        if self.stopped or not rest:
+            return deltas
+        for index, part in enumerate(rest.split(_OPEN)):
+            body, closed, _ = part.partition(_CLOSE)
+            deltas += self._call_deltas(index, body, bool(closed) or final)
+        return deltas
+
+    def _content_delta(self, text: str, final: bool) -> list[dict[str, Any]]:
+        visible = text.lstrip()
+        hits = [i for i in (visible.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            visible, self.stopped = visible[:min(hits)], True
+        else:
+            if not final:
+                visible = visible[:len(visible) - _held(visible, self.stop + ([_OPEN] if self.tools else []))]
+            visible = visible.rstrip()  # a reply's content is stripped; until the end, spaces may lead nowhere
+        if not visible.startswith(self.content) or visible == self.content:
+            return []
+        new, self.content = visible[len(self.content):], visible
+        return [{"content": new}]
+
+    def _call_deltas(self, index: int, body: str, closed: bool) -> list[dict[str, Any]]:
+        head = _CALL_HEAD.match(body)
+        if head is None:
+            return []
+        deltas = []
+        if index == len(self.calls):
+            name = json.loads(f'"{head.group(1)}"')
+            self.calls.append({"id": new_call_id(), "name": name, "arguments": ""})
+            deltas.append({"tool_calls": [{"index": index, "id": self.calls[index]["id"], "type": "function",
+                                           "function": {"name": name, "arguments": ""}}]})
+        args = body[head.end():].rstrip()
+        if closed:
+            args = args[:-1].rstrip() if args.endswith("}") else args
+        elif "}" in args:
+            args = args[:args.rfind("}")]
+        sent = self.calls[index]["arguments"]
+        if args.startswith(sent) and args != sent:
+            self.calls[index]["arguments"] = args
+            deltas.append({"tool_calls": [{"index": index, "function": {"arguments": args[len(sent):]}}]})
+        return deltas
+
+
+def merge_deltas(deltas: list[dict[str, Any]]) -> dict[str, Any]:
+    """The message a client rebuilds from the deltas of a stream."""
+    content = "".join(d.get("content", "") for d in deltas)
+    calls: dict[int, dict[str, Any]] = {}
+    for d in deltas:
+        for c in d.get("tool_calls", []):
+            call = calls.setdefault(c["index"], {"id": c.get("id"), "type": "function",
+                                                 "function": {"name": "", "arguments": ""}})
+            call["function"]["name"] += c.get("function", {}).get("name", "")
+            call["function"]["arguments"] += c.get("function", {}).get("arguments", "")
+    message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    return message
+
+
+# -- a reply, incremental where the model is -------------------------------------------------
+
+async def _reply(model: Any, req: ChatRequest, messages: list[Message]) -> AsyncIterator[str | Completion]:
+    """The reply's text as it is decoded (a model with `astream`), then its Completion."""
+    tools, schema = req.tool_schemas(), req.response_schema()
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    if hasattr(model, "astream"):
+        stream = model.astream(messages, tools=tools, response_schema=schema, session=req.session,
+                               max_tokens=max_tokens, sampling=req.sampling(model))
+        try:
+            async for item in stream:
+                yield item
+        finally:
+            await stream.aclose()
+        return
+    yield await model.acomplete(messages, tools=tools, response_schema=schema, session=req.session,
+                                max_tokens=max_tokens)
+
+
+def _usage_of_stopped(model: Any, messages: list[Message], tools: Any, content: str) -> Usage:
+    """Usage of a reply cut at a stop sequence, whose decoding was cancelled before the
+    model reported any."""
+    prompt = len(model.prompt_ids(messages, tools)) if hasattr(model, "prompt_ids") else 0
+    return Usage(prompt_tokens=prompt, completion_tokens=model.count_tokens(content))
+
+
+class _Exchange:
+    """One request's reply, read from the model until it ends or a stop sequence cuts it."""
+
+    def __init__(self, model: Any, req: ChatRequest, messages: list[Message], name: str):
+        self.model, self.req, self.messages = model, req, messages
+        self.writer = DeltaWriter(tools=req.tool_schemas() is not None and req.response_schema() is None,
+                                  stop=req.stop_sequences())
+        self.items = _reply(model, req, messages)
+        self.completion: Completion | None = None
+        self.id, self.created, self.name = "chatcmpl-" + uuid.uuid4().hex, int(time.time()), name
+
+    async def deltas(self, first: str | Completion) -> AsyncIterator[dict[str, Any]]:
+        item: str | Completion | None = first
+        try:
+            while item is not None:
+                if isinstance(item, Completion):
+                    self.completion = item
+                    for d in self.writer.finish(item):
+                        yield d
+                    return
+                for d in self.writer.feed(item):
+                    yield d
+                if self.writer.stopped:
+                    return
+                item = await anext(self.items, None)
+        finally:
+            await self.items.aclose()
+
+    def usage(self) -> Usage:
+        if self.completion is not None:
+            return self.completion.usage
+        return _usage_of_stopped(self.model, self.messages, self.req.tool_schemas(), self.writer.content)
+
+    def body(self, deltas: list[dict[str, Any]]) -> dict[str, Any]:
+        choice = {"index": 0, "message": merge_deltas(deltas),
+                  "finish_reason": self.writer.finish_reason(self.completion), "logprobs": None}
+        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.name,
+                "choices": [choice], "usage": _usage_body(self.usage())}
+
+    async def events(self, first: str | Completion) -> AsyncIterator[str]:
+        base = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.name}
+
+        def event(delta: dict[str, Any], finish: str | None = None) -> str:
+            return f"data: {json.dumps({**base, 'choices': [{'index': 0, 'delta': delta, 'finish_reason': finish}]})}\n\n"
+
+        yield event({"role": "assistant", "content": ""})
+        try:
+            async for delta in self.deltas(first):
+                yield event(delta)
+        except Exception as exc:  # headers are gone: the error travels in the stream
+            log.exception("model call failed mid-stream")
+            error = {"message": f"the model failed: {type(exc).__name__}: {exc}", "type": "server_error"}
+            yield f"data: {json.dumps({'error': error})}\n\n"
+            return
+        yield event({}, self.writer.finish_reason(self.completion))
+        if self.req.stream_options and self.req.stream_options.include_usage:
+            yield f"data: {json.dumps({**base, 'choices': [], 'usage': _usage_body(self.usage())})}\n\n"
+        yield "data: [DONE]\n\n"
 
 
 # -- app ---------------------------------------------------------------------------------------
@@ -230,23 +456,23 @@ def create_app(model: ChatModel, served_name: str | None = None, max_threads: in
         try:
             req = ChatRequest.model_validate(payload)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            param = ".".join(str(p) for p in first["loc"]) or None
-            return error_response(400, f"{param}: {first['msg']}" if param else first["msg"], param=param)
-        messages = [m.to_message() for m in req.messages]
+            return _validation_error(exc)
         widen_executor()
-        try:
-            completion = await model.acomplete(
-                messages, tools=req.tool_schemas(), response_schema=req.response_schema(),
-                session=req.session, max_tokens=req.max_completion_tokens or req.max_tokens)
+        exchange = _Exchange(model, req, [m.to_message() for m in req.messages], name)
+        try:  # the first token, or the whole reply: a model that fails before it gets a 500
+            first = await anext(exchange.items)
         except Exception as exc:  # the client gets the reason; the server stays up
             log.exception("model call failed")
+            await exchange.items.aclose()
             return error_response(500, f"the model failed: {type(exc).__name__}: {exc}", type_="server_error")
-        body = completion_body(completion, name)
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(_stream_chunks(body, include_usage), media_type="text/event-stream")
-        return JSONResponse(body)
+            return StreamingResponse(exchange.events(first), media_type="text/event-stream")
+        try:
+            deltas = [d async for d in exchange.deltas(first)]
+        except Exception as exc:
+            log.exception("model call failed")
+            return error_response(500, f"the model failed: {type(exc).__name__}: {exc}", type_="server_error")
+        return JSONResponse(exchange.body(deltas))
 
     async def list_models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
@@ -276,6 +502,17 @@ def create_app(model: ChatModel, served_name: str | None = None, max_threads: in
     )
     app.state.model = model
     return app
+
+
+def _validation_error(exc: ValidationError) -> Response:
+    first = exc.errors()[0]
+    param = ".".join(str(p) for p in first["loc"]) or None
+    if first["type"] == "extra_forbidden":
+        message = f"{param}: this server does not support this field, and ignoring it could change the reply"
+    else:
+        message = first["msg"].removeprefix("Value error, ")
+        message = f"{param}: {message}" if param and not message.startswith(f"{param}:") else message
+    return error_response(400, message, param=param)
 
 
 def serve(model: ChatModel, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:

@@ -52,6 +52,9 @@ class Request:
     # by the matcher: computed with the prompt instead of one decode step each.
     forced_ids: list[int] = field(default_factory=list)
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    # Called from the decode thread with the reply's tokens so far, each time some are added,
+    # so that a server can stream them; it must return at once and never raise.
+    on_tokens: Callable[[list[int]], None] | None = None
 
 
 @dataclass
@@ -583,6 +586,8 @@ class Engine:
                 forced = self.jump_forward(matcher, seq.remaining)
                 seq.generated += forced
                 self.stats["forced_tokens"] += len(forced)
+            if seq.request.on_tokens is not None:
+                seq.request.on_tokens(list(seq.generated))
 
     def _sample(self, logits: torch.Tensor, seq: _Sequence) -> int:
         probs = torch.softmax(logits / seq.request.temperature, dim=-1)

@@ -26,8 +26,9 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 from toolself.models.base import Completion, Message, ModelError, Usage
 from toolself.models.protocol import parse_tool_calls_text, to_text_messages
@@ -246,6 +247,15 @@ def _stop_token_ids(tokenizer) -> list[int]:
     return ids
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """One call's sampling, in place of the model's own (an OpenAI request's fields)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+
 class EmbeddedModel:
     """A local transformers model behind the ChatModel protocol, grammar-constrained, with KV
     caches kept between the turns of an episode and concurrent calls decoded in batches.
@@ -302,8 +312,10 @@ class EmbeddedModel:
                                                   add_generation_prompt=True)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def submit(self, messages: list[Message], tools=None, response_schema=None, session=None, max_tokens=None):
-        """Queue a call; returns (future, prompt ids)."""
+    def submit(self, messages: list[Message], tools=None, response_schema=None, session=None, max_tokens=None, *,
+               sampling: Sampling | None = None, on_tokens=None):
+        """Queue a call; returns the engine's future. `sampling` replaces the model's own for
+        this call; `on_tokens` gets the reply's tokens so far as they are decoded."""
         from toolself.models.engine import Request
 
         prompt = self.prompt_ids(messages, tools)
@@ -313,8 +325,10 @@ class EmbeddedModel:
         budget = max(1, min(max_tokens or self.max_tokens, room))
         matcher = self.grammars.matcher(tools, response_schema)
         forced = self._forced_tokens(matcher, budget) if matcher is not None else []
+        sampling = sampling or Sampling(self.temperature, self.top_p, self.seed)
         request = Request(prompt_ids=prompt, max_tokens=budget, matcher=matcher, session=session,
-                          temperature=self.temperature, top_p=self.top_p, seed=self.seed, forced_ids=forced)
+                          temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
+                          forced_ids=forced, on_tokens=on_tokens)
         return self.engine.submit(request)
 
     def _forced_tokens(self, matcher, budget: int) -> list[int]:
@@ -369,6 +383,51 @@ class EmbeddedModel:
         except Exception as exc:
             raise ModelError(f"the embedded model failed: {exc}") from exc
         return self._completion(result, tools, response_schema, started)
+
+    async def astream(self, messages, tools=None, response_schema=None, session=None, max_tokens=None, *,
+                      sampling: Sampling | None = None) -> AsyncIterator[str | Completion]:
+        """The reply's text as it is decoded (each item the text added since the previous one),
+        then its Completion. Closing the iterator early cancels the decoding, which is how a
+        server honours a stop sequence."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[list[int] | None] = asyncio.Queue()
+
+        def put(item: list[int] | None) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the loop is gone: the client left, nobody reads
+                pass
+
+        started = time.perf_counter()
+        future = await asyncio.to_thread(self.submit, messages, tools, response_schema, session, max_tokens,
+                                         sampling=sampling, on_tokens=put)
+        future.add_done_callback(lambda _: put(None))
+        sent, done = "", False
+        try:
+            while not done:
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                done = batch[-1] is None
+                ids = next((b for b in reversed(batch) if b is not None), None)  # only the newest matters
+                if ids is None:
+                    continue
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                if text.endswith("\ufffd") or not text.startswith(sent) or text == sent:
+                    continue  # half a character, or a merge that rewrote the end: wait for more
+                yield text[len(sent):]
+                sent = text
+            try:
+                result = future.result()
+            except Exception as exc:
+                raise ModelError(f"the embedded model failed: {exc}") from exc
+            completion = self._completion(result, tools, response_schema, started)
+            text = self.tokenizer.decode(result.completion_ids, skip_special_tokens=True)
+            if text.startswith(sent) and text != sent:
+                yield text[len(sent):]
+            yield completion
+        finally:
+            future.cancel()
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
