@@ -198,7 +198,7 @@ def test_calls_after_terminate_in_the_same_reply_are_not_run():
 
 def test_step_budget_asks_once_for_the_best_final_answer():
     a, model = agent([config()], default=call("lookup", key="a"),
-                     settings=AgentSettings(max_steps_per_stage=3))
+                     settings=AgentSettings(max_stages=1, max_steps_per_stage=3))
     model.replies.extend([call("lookup", key="a")] * 3 + [call("terminate", answer="best guess")])
     trajectory = a.run("task")
     assert trajectory.end_reason == "budget:steps"

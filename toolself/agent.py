@@ -5,9 +5,12 @@ An attempt is a sequence of stages. Stage i runs under a configuration C_i and s
 fresh context built from C_i alone. The policy acts through tool calls; `reconfigure` archives
 the stage's summary in the history pool and returns the configuration-generation spec as its
 tool result, and the *same model in the same context* then writes C_{i+1}. `terminate` ends
-the attempt. Budgets (stages, steps per stage, tokens, wall clock) end it too, after asking
-the policy once for its best answer. Nothing the model writes can crash the loop: each
-malformed output becomes an observation it can act on, recorded in the trajectory.
+the attempt. A stage that spends its step budget while stages remain is not the end: the
+policy gets one forced `reconfigure` turn (the paper's shape: a stage budget moves the work
+on, it does not quit). The attempt ends when its total action budget, its stages, its tokens,
+its wall clock or its context run out, after asking the policy once for its best answer.
+Nothing the model writes can crash the loop: each malformed output becomes an observation it
+can act on, recorded in the trajectory.
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ class AgentSettings:
     freeze: dimensions held fixed whatever the policy writes (the one-dimension ablations):
     subgoal -> the main task, strategy -> generic, toolbox -> the whole pool, knowledge -> none,
     mode -> basic.
+    max_total_steps: actions across all stages (default max_stages x max_steps_per_stage).
+    context_limit: the tokens the model can read at once; an action turn whose visible context
+    still exceeds it after the mode's trimming asks for the final answer instead (None: never).
     """
 
     method: str = "toolself"
@@ -61,11 +67,13 @@ class AgentSettings:
     modes: tuple[str, ...] = ("basic", "truncation")
     max_stages: int = 6
     max_steps_per_stage: int = 12
+    max_total_steps: int | None = None
     max_total_tokens: int = 200_000
     time_limit: float | None = None
     context_budget: int = 8_000
     max_tokens_per_call: int | None = None
     config_max_text: int | None = None
+    context_limit: int | None = None
 
     def __post_init__(self) -> None:
         if self.configurator not in CONFIGURATORS:
@@ -78,9 +86,14 @@ class AgentSettings:
         missing = [m for m in self.modes if m not in MODES]
         if missing:
             raise ValueError(f"unknown context mode(s) {missing}; registered: {list(MODES)}")
-        for name in ("max_stages", "max_steps_per_stage", "max_total_tokens", "context_budget"):
-            if getattr(self, name) < 1:
+        for name in ("max_stages", "max_steps_per_stage", "max_total_tokens", "context_budget",
+                     "max_total_steps", "context_limit"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+
+    @property
+    def total_steps(self) -> int:
+        return self.max_total_steps or self.max_stages * self.max_steps_per_stage
 
     def to_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -177,6 +190,7 @@ class _Attempt:
         self.modes = list(self.s.modes)
         self._token_counts: dict[int, list[int]] = {}
         self.stage: Stage | None = None
+        self.actions = 0
 
     # -- the attempt -------------------------------------------------------------------------
 
@@ -253,10 +267,15 @@ class _Attempt:
         by_name = {t.name: t for t in tools}
         actions = 0
         while True:
+            if self.actions >= self.s.total_steps:
+                raise BudgetExhausted("steps")
             if actions >= self.s.max_steps_per_stage:
+                if self.s.reconfigure and len(self.trajectory.stages) < self.s.max_stages:
+                    return self.forced_reconfigure(stage)
                 raise BudgetExhausted("steps")
             completion, call_index = self.decide(stage.conversation, "action", schemas)
             actions += 1
+            self.actions += 1
             message = completion.message
             if not message.tool_calls:
                 stage.conversation.messages.append(
@@ -320,6 +339,37 @@ class _Attempt:
             result = self.spec(arguments)
         self.respond(stage, tool_call, Observation(result), call_index)
         return _StageEnd("reconfigure", arguments)
+
+    def forced_reconfigure(self, stage: Stage) -> _StageEnd:
+        """One turn offering only `reconfigure`, recorded as a `forced_reconfigure` call, and the
+        next stage's request marked `forced: steps`. A reply that is not a valid reconfigure
+        still ends the stage, with a summary saying so and the same sub-goal."""
+        reconfigure_tool = SPECIAL_TOOLS[RECONFIGURE]
+        stage.conversation.messages.append(
+            Message("user", render("forced_reconfigure.j2", steps=self.s.max_steps_per_stage)))
+        completion, call_index = self.decide(stage.conversation, "forced_reconfigure", [reconfigure_tool.schema])
+        end: _StageEnd | None = None
+        for tool_call in completion.message.tool_calls:
+            problem = "Not run: only reconfigure was allowed in this turn."
+            if end is None and tool_call.name == RECONFIGURE and not tool_call.error:
+                try:
+                    end = self.reconfigure(stage, tool_call, reconfigure_tool.validate(tool_call.arguments or {}),
+                                           call_index)
+                    continue
+                except ToolArgumentError as exc:
+                    problem = str(exc)
+            self.respond(stage, tool_call, Observation(problem, is_error=True), call_index)
+        if end is None:
+            arguments = {"summary": "(no summary: the stage used its step budget without one)",
+                         "reason": f"the stage used all {self.s.max_steps_per_stage} of its steps",
+                         "next_subgoal": stage.configuration.subgoal}
+            stage.summary, stage.reason, stage.end = arguments["summary"], arguments["reason"], "reconfigure"
+            self.history.archive(stage.index, stage.configuration.subgoal, arguments["summary"], arguments["reason"])
+            if self.s.configurator != "decoupled":
+                stage.conversation.messages.append(Message("user", self.spec(arguments)))
+            end = _StageEnd("reconfigure", arguments)
+        end.arguments["forced"] = "steps"
+        return end
 
     def ask_final_answer(self, budget: str) -> None:
         """A budget ran out: ask the policy once for its best answer, with `terminate` only."""
@@ -444,6 +494,9 @@ class _Attempt:
         mode = MODES.get(mode_name, MODES["basic"])()
         view = mode.view(conversation.messages, self.token_counts(conversation), self.s.context_budget)
         visible = conversation.render(view)
+        if check and kind == "action" and self.s.context_limit is not None and \
+                sum(self.agent.model.count_tokens(m.content) + 4 for m in visible) > self.s.context_limit:
+            raise BudgetExhausted("context")
         model = model or self.agent.model
         completion = model.complete(visible, tools=tools, response_schema=response_schema,
                                     session=self.trajectory.id, max_tokens=self.s.max_tokens_per_call)

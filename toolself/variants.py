@@ -4,7 +4,7 @@
     vanilla           one ReAct stage, whole pool, generic prompt, no reconfigure tool
     static:NAME       a fixed specialised preset (research, general, swe), no reconfigure tool
                       (both single-stage methods get ToolSelf's whole action budget,
-                      max_stages x max_steps_per_stage, in their one stage)
+                      its max_total_steps, in their one stage)
     decoupled         configurations written by a separate call that sees only the spec
 
 Ablations freeze one or more dimensions of ToolSelf (`toolself --freeze knowledge`, or the
@@ -77,10 +77,10 @@ def settings_for(method: str, freeze: tuple[str, ...] = (), **overrides: Any) ->
         preset = VANILLA if method_base == "vanilla" else load_preset(method_base.split(":", 1)[1])
         # One stage holding ToolSelf's whole action budget: compared at equal actions, not at
         # one stage's worth of them.
-        budget = AgentSettings(**overrides)
+        total = AgentSettings(**overrides).total_steps
         settings = AgentSettings(method=method, configurator="preset", reconfigure=False, preset=preset,
-                                 **{**overrides, "max_stages": 1,
-                                    "max_steps_per_stage": budget.max_stages * budget.max_steps_per_stage})
+                                 **{**overrides, "max_stages": 1, "max_steps_per_stage": total,
+                                    "max_total_steps": total})
     else:
         raise ValueError(f"unknown method {method!r}; see `toolself methods`")
     if freeze and method_base == "toolself" and not method.startswith("toolself-freeze:"):
