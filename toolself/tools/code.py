@@ -27,6 +27,7 @@ _ctl_in = os.fdopen(int(os.environ.pop("TOOLSELF_CTL_IN")), "rb", buffering=0)
 _ctl_out = int(os.environ.pop("TOOLSELF_CTL_OUT"))
 _mark = os.environ.pop("TOOLSELF_MARK").encode()
 _value_cap = int(os.environ.pop("TOOLSELF_VALUE_CHARS"))
+_error_cap = 2 * _value_cap
 _pid = os.getpid()
 if sys.path[:1] != [""]:
     sys.path.insert(0, "")
@@ -59,6 +60,12 @@ def _format(exc):
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
+def _last(text, cap):
+    if len(text) <= cap:
+        return text
+    return f"[... the first {len(text) - cap:,} characters of the error cut ...]\n" + text[-cap:]
+
+
 def _write_all(fd, data):
     while data:
         data = data[os.write(fd, data):]
@@ -73,6 +80,7 @@ while True:
         _buffer += _chunk
     _line, _buffer = _buffer.split(b"\n", 1)
     _request = json.loads(_line)
+    _id = _request.pop("id").encode()
     _value = _error = None
     try:
         _value = _run(_request["code"], _request["cell"])
@@ -95,7 +103,8 @@ while True:
             _write_all(_fd, _mark)
         except OSError:
             pass
-    _write_all(_ctl_out, (json.dumps({"value": _value, "error": _error}) + "\n").encode())
+    _error = _last(_error, _error_cap) if _error else _error
+    _write_all(_ctl_out, b"\n" + _id + b" " + (json.dumps({"value": _value, "error": _error}) + "\n").encode())
 '''
 
 
@@ -122,8 +131,9 @@ class PythonSession:
 
     def run(self, code: str, timeout_s: float | None = None) -> CallResult:
         self.cell += 1
-        request = json.dumps({"code": code, "cell": self.cell}).encode() + b"\n"
-        return self.process.call(request, timeout_s)
+        cell = self.cell
+        return self.process.call(lambda call_id: json.dumps({"id": call_id, "code": code, "cell": cell}).encode() + b"\n",
+                                 timeout_s)
 
     def close(self) -> None:
         self.process.close()

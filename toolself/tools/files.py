@@ -74,6 +74,7 @@ while True:
         _buffer += _chunk
     _at = _buffer.index(b"\n")
     _request = json.loads(bytes(_buffer[:_at]))
+    _id = _request.pop("id").encode()
     del _buffer[: _at + 1]
     try:
         _reply = _convert(_request)
@@ -85,7 +86,7 @@ while True:
     sys.stderr.flush()
     _write_all(1, _mark)
     _write_all(2, _mark)
-    _write_all(_ctl_out, (json.dumps(_reply) + "\n").encode())
+    _write_all(_ctl_out, b"\n" + _id + b" " + (json.dumps(_reply) + "\n").encode())
 '''
 
 
@@ -98,6 +99,7 @@ class Converter:
             "file converter", [interpreter.executable, "-c", CONVERTER], user, limits,
             extra_env={"TOOLSELF_SITE_DIRS": json.dumps(list(interpreter.site_dirs)),
                        "TOOLSELF_TEXT_CHARS": str(MAX_TEXT_CHARS)},
+            reply_bytes=6 * MAX_TEXT_CHARS + 4096,  # the text, JSON-escaped at worst
         )
 
     @classmethod
@@ -109,8 +111,9 @@ class Converter:
         return converter
 
     def convert(self, data: bytes, name: str) -> str:
-        request = json.dumps({"data": base64.b64encode(data).decode(), "ext": Path(name).suffix.lower(), "name": name})
-        result = self.process.call(request.encode() + b"\n", CONVERT_TIMEOUT_S)
+        fields = {"data": base64.b64encode(data).decode(), "ext": Path(name).suffix.lower(), "name": name}
+        result = self.process.call(lambda call_id: json.dumps({"id": call_id, **fields}).encode() + b"\n",
+                                   CONVERT_TIMEOUT_S)
         if result.status != "ok":
             raise ToolError(f"{name}: the conversion did not finish ({'; '.join(result.notes)})")
         try:

@@ -41,7 +41,11 @@ import time
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from toolself.tools.cgroups import AttemptCgroup, kill_group
+from toolself.tools.leases import Leases, state_dir
+from toolself.tools.seccomp import no_unix_sockets_filter
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +221,10 @@ def find_interpreter(unprivileged: bool) -> Interpreter | None:
     return None
 
 
+def _is_sandbox_uid(uid: int) -> bool:
+    return UID_BASE <= uid < UID_BASE + UID_SPAN
+
+
 def _free_uid() -> int:
     used = {p.uid for p in processes()}
     while True:
@@ -238,6 +246,55 @@ def _fork_refused(limit: int) -> int:
     return 0
 
 
+def as_uid(uid: int, action, on_refused: int = 0) -> int:
+    """Run `action` in a forked child that became `uid`; its exit code (the action's return
+    value), or `on_refused` when even the child could not be forked."""
+    try:
+        with warnings.catch_warnings():  # the child makes a few system calls and exits
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except BlockingIOError:
+        return on_refused
+    if pid == 0:
+        code = 0
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            code = action()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def kill_uid(uid: int) -> None:
+    """Kill every process of `uid`: as that uid, kill(-1) reaches exactly its processes, atomically."""
+    as_uid(uid, lambda: os.kill(-1, signal.SIGKILL) or 0)
+    kill_pids(lambda: [p.pid for p in processes() if p.uid == uid and p.state != "Z"])
+
+
+def resident_bytes(pids: list[int]) -> int:
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm", "rb") as handle:
+                total += int(handle.read().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+_LEASES: Leases | None = None
+
+
+def leases() -> Leases:
+    global _LEASES
+    if _LEASES is None:
+        _LEASES = Leases(state_dir(), _is_sandbox_uid)
+    return _LEASES
+
+
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
     os.lchown(root, uid, gid)
     for dirpath, dirnames, filenames in os.walk(root):
@@ -252,7 +309,10 @@ class SandboxUser:
     """Who an attempt's processes run as, and the power to stop all of them.
 
     One per attempt (kept in `ToolContext.resources`), shared by its Python and bash
-    sessions so that both can write the workspace. `close()` kills whatever is left and gives
+    sessions so that both can write the workspace. Where the machine allows, the attempt also
+    gets a control group (toolself.tools.cgroups) holding its memory and process budget, made
+    when its first session starts. While either exists, a lease (toolself.tools.leases) says
+    so, for the next host to reap if this one dies. `close()` kills whatever is left and gives
     the workspace back to its original owner.
     """
 
@@ -263,6 +323,11 @@ class SandboxUser:
         self.gid = uid
         self.note = note
         self.interpreter = interpreter or find_interpreter(unprivileged=False)
+        self.cgroup: AttemptCgroup | None = None
+        self.sessions: list[SandboxedProcess] = []
+        self._cgroup_tried = False
+        self._cgroup_limits: Limits | None = None
+        self._lease = secrets.token_hex(8)
         self._owner: tuple[int, int] | None = None
         self._mode: int | None = None
 
@@ -281,6 +346,7 @@ class SandboxUser:
         workspace.mkdir(parents=True, exist_ok=True)
         if os.geteuid() != 0:
             return cls(workspace, note="the sandbox runs as the current (non-root) user")
+        leases().reap(kill_uid)
         if mode in {"none", "off", "root"}:
             return cls._as_root(workspace, "TOOLSELF_SANDBOX_USER=none")
         if not _world_reachable(workspace.parent, need_read=False):
@@ -291,6 +357,7 @@ class SandboxUser:
             return cls._as_root(workspace, "no Python is reachable by an unprivileged user")
         uid = _free_uid()
         user = cls(workspace, uid, interpreter=interpreter)
+        leases().write(user._lease, uid, None)
         st = workspace.stat()
         user._owner = (st.st_uid, st.st_gid)
         user._mode = stat.S_IMODE(st.st_mode)
@@ -322,6 +389,19 @@ class SandboxUser:
         except OSError:
             pass
 
+    def attempt_cgroup(self, limits: Limits) -> AttemptCgroup | None:
+        """The attempt's control group, made with the first session's limits; None where the
+        machine offers none (then memory is watched by `over_memory`)."""
+        if not self._cgroup_tried:
+            self._cgroup_tried = True
+            self._cgroup_limits = limits
+            if os.environ.get("TOOLSELF_SANDBOX_CGROUP", "auto").lower() in {"none", "off"}:
+                return None
+            self.cgroup = AttemptCgroup.create(limits.memory_bytes, limits.processes)
+            if self.cgroup is not None:
+                leases().write(self._lease, self.uid, self.cgroup)
+        return self.cgroup
+
     def members(self, include_zombies: bool = False) -> list[int]:
         if self.uid is None:
             return []
@@ -330,11 +410,14 @@ class SandboxUser:
     def at_process_limit(self, limit: int) -> bool:
         """Whether this user may start no more processes.
 
-        /proc settles it when it shows the user at its limit. It can show fewer than the
-        kernel counts (processes outside this pid namespace, or a container's own cap on
-        processes reached first), so a busy user is also asked the kernel's way: can a
-        process of this uid, under this limit, fork?
+        The attempt's control group counts exactly what the kernel counts. Without one, /proc
+        settles it when it shows the user at its limit. It can show fewer than the kernel
+        counts (processes outside this pid namespace, or a container's own cap on processes
+        reached first), so a busy user is also asked the kernel's way: can a process of this
+        uid, under this limit, fork?
         """
+        if self.cgroup is not None:
+            return self.cgroup.processes() >= limit - 2
         if self.uid is None:
             return False
         seen = len(self.members(include_zombies=True))
@@ -344,45 +427,52 @@ class SandboxUser:
             return False
         return self._as_user(lambda: _fork_refused(limit), on_refused=1) == 1
 
+    def over_memory(self, limit: int, session: "SandboxedProcess") -> bool:
+        """The fallback for a machine without control groups, checked during calls: whether the
+        resident memory of the uid's processes (without a uid of its own: the calling
+        session's tree) exceeds the attempt's limit."""
+        if self.cgroup is not None:
+            return False
+        pids = self.members() if self.uid is not None else session.tree()
+        return resident_bytes(pids) > limit
+
     def _as_user(self, action, on_refused: int = 0) -> int:
-        """Run `action` in a forked child that became this user; its exit code (the action's
-        return value), or `on_refused` when even the child could not be forked."""
-        try:
-            with warnings.catch_warnings():  # the child makes a few system calls and exits
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
-        except BlockingIOError:
-            return on_refused
-        if pid == 0:
-            code = 0
-            try:
-                os.setgid(self.gid)
-                os.setuid(self.uid)
-                code = action()
-            finally:
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        return os.waitstatus_to_exitcode(status)
+        return as_uid(self.uid, action, on_refused)
 
     def kill_all(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.kill()
+        if self.uid is not None:
+            kill_uid(self.uid)
+
+    def kill_strays(self, keep: set[int]) -> None:
+        """Without a control group, what a session started outside its own tree (`setsid` and
+        a double fork) is known only by uid: kill every process of the uid not in `keep`."""
         if self.uid is None:
             return
-        # as the sandbox uid, kill(-1) reaches exactly its processes, atomically
-        self._as_user(lambda: os.kill(-1, signal.SIGKILL) or 0)
-        kill_pids(self.members)
+        kill_pids(lambda: [pid for pid in self.members() if pid not in keep])
 
     def renew(self) -> None:
-        """Kill everything and move to a fresh uid. Needed after a fork loop: orphans are
-        reparented to PID 1, and where PID 1 does not reap (many containers), their zombies
-        keep counting against the old uid's process limit forever."""
+        """Kill everything and move to a fresh uid and control group. Needed after a fork
+        loop: orphans are reparented to PID 1, and where PID 1 does not reap (many containers),
+        their zombies keep counting against the old uid's process limit (and the old group's) forever."""
         self.kill_all()
+        if self.cgroup is not None:
+            self.cgroup.close()
+            self._cgroup_tried = False
+            self.attempt_cgroup(self._cgroup_limits or Limits.from_env())
         if self.uid is None:
             return
         self.uid = self.gid = _free_uid()
+        leases().write(self._lease, self.uid, self.cgroup)
         _chown_tree(self.workspace, self.uid, self.gid)
 
     def close(self) -> None:
         self.kill_all()
+        if self.cgroup is not None:
+            self.cgroup.close()
+            self.cgroup = None
+        leases().release(self._lease)
         if self._owner is not None and self.workspace.exists():
             _chown_tree(self.workspace, *self._owner)
             if self._mode is not None:
@@ -436,11 +526,26 @@ for _n, (_s, _h) in json.loads(os.environ.pop("TOOLSELF_RLIMITS")).items():
     resource.setrlimit(getattr(resource, _n), (min(_s, _h), _h))
 del _n, _s, _h, _cs, _ch
 if os.environ.pop("TOOLSELF_NO_NETWORK", "") == "1":
-    # A new user and network namespace: only a loopback that is down. Fail closed.
+    # A new user and network namespace: only a loopback that is down. Then a seccomp filter
+    # refusing Unix sockets, which reach the host through the filesystem. Fail closed.
     import ctypes
-    if ctypes.CDLL(None, use_errno=True).unshare(0x10000000 | 0x40000000) != 0:
-        os.write(2, ("toolself: cannot cut the network off (unshare: %s)\n" % os.strerror(ctypes.get_errno())).encode())
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _filter = bytes.fromhex(os.environ.pop("TOOLSELF_SECCOMP", ""))
+    class _Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+    if _libc.unshare(0x10000000 | 0x40000000) != 0:
+        _why = "unshare: " + os.strerror(ctypes.get_errno())
+    elif not _filter:
+        _why = "no seccomp filter for this machine's architecture"
+    elif (_libc.prctl(38, 1, 0, 0, 0) != 0  # PR_SET_NO_NEW_PRIVS, then PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+          or _libc.prctl(22, 2, ctypes.byref(_Prog(len(_filter) // 8, _filter)), 0, 0) != 0):
+        _why = "seccomp: " + os.strerror(ctypes.get_errno())
+    else:
+        _why = ""
+    if _why:
+        os.write(2, ("toolself: cannot cut the network off (%s)\n" % _why).encode())
         os._exit(70)
+    del _libc, _filter, _Prog, _why
 """
 
 
@@ -548,30 +653,112 @@ class CallResult:
     notes: list[str] = field(default_factory=list)
 
 
+REPLY_BYTES = 1 << 20
+TOO_LARGE = object()
+
+
+class _Replies:
+    """Reads the control pipe in a thread (which owns the descriptor and closes it at end of
+    file) and passes on one line only: the first that carries the id of the call awaited.
+
+    A reply line is `<call id> <reply>`, preceded by a newline of the child's own, so that
+    bytes the session's code left in the pipe without a newline end before the reply does.
+    Any other line (written by the session's code, or a reply that came after its call's
+    timeout) is dropped, so nothing written to the pipe can answer a later call. A line longer
+    than `cap` bytes is dropped while it arrives: the host never holds more than `cap` bytes of it.
+    """
+
+    def __init__(self, fd: int, cap: int):
+        self.fd = fd
+        self.cap = cap
+        self.queue: queue.Queue[Any] = queue.Queue()
+        self._expect: bytes | None = None
+        self._lock = threading.Lock()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def expect(self, call_id: str | None) -> None:
+        with self._lock:
+            self._expect = call_id.encode() if call_id else None
+            while not self.queue.empty():
+                if self.queue.get_nowait() is None:  # end of file stays known
+                    self.queue.put(None)
+                    break
+
+    def _line(self, line: bytes, too_large: bool = False) -> None:
+        call_id, _, reply = line.partition(b" ")
+        with self._lock:
+            if self._expect is None or call_id != self._expect:
+                return
+            self._expect = None
+            self.queue.put(TOO_LARGE if too_large else reply.decode("utf-8", errors="replace"))
+
+    def _pump(self) -> None:
+        line = bytearray()
+        dropping: bytes | None = None  # the start of an over-long line, while the rest is skipped
+        while True:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                self.queue.put(None)
+                os.close(self.fd)
+                return
+            pieces = data.split(b"\n")
+            for i, piece in enumerate(pieces):
+                ended = i < len(pieces) - 1
+                if dropping is None:
+                    line += piece
+                    if len(line) > self.cap:
+                        dropping = bytes(line[:64])
+                        line.clear()
+                if ended:
+                    if dropping is not None:
+                        self._line(dropping, too_large=True)
+                        dropping = None
+                    else:
+                        self._line(bytes(line))
+                    line.clear()
+
+
 class SandboxedProcess:
     """A long-lived child (a Python REPL or a bash) driven one request at a time.
 
-    The child reads requests from one pipe and writes one reply line per request to another;
-    its stdout and stderr are captured per call. A call that outlives its timeout, trips the
-    process limit, or whose child dies, ends with every process of the session killed; the
-    next call starts a fresh child and says so.
+    The child reads requests from one pipe and answers each with one line on another, which
+    carries the random id the host gave that call (see `_Replies`); its stdout and stderr are
+    captured per call. A call that outlives its timeout, trips the process or memory limit, or
+    whose child dies, ends with every process of the session killed (with a control group:
+    every process the session started, `setsid` or not); the next call starts a fresh child
+    and says so.
+
+    The id is not a secret from the session's own code, which runs in the child and can read
+    its memory: that code can choose the reply to its own call, as it chooses its own output.
+    What it cannot do is answer any other call, or make a reply arrive out of turn.
     """
 
     def __init__(self, name: str, argv: list[str], user: SandboxUser, limits: Limits,
-                 extra_env: dict[str, str] | None = None):
+                 extra_env: dict[str, str] | None = None, reply_bytes: int = REPLY_BYTES):
         self.name = name
         self.argv = argv
         self.user = user
         self.limits = limits
         self.extra_env = extra_env or {}
+        self.reply_bytes = reply_bytes
         self.proc: subprocess.Popen | None = None
         self.pending_notes: list[str] = []
         self.started_once = False
         self._lock = threading.Lock()
+        self._cgroup: list[Path] = []
+        self._cgroup_name = "session-" + secrets.token_hex(4)
+        user.sessions.append(self)
 
     @property
     def alive(self) -> bool:
         return self.proc is not None and self._peek_exit(0) is None
+
+    def tree(self) -> list[int]:
+        proc = self.proc
+        return descendants(proc.pid, proc.pid) if proc is not None and proc.returncode is None else []
 
     def _peek_exit(self, wait_s: float) -> int | None:
         """The child's exit status (negative: the signal) without reaping it, so that its pid
@@ -593,6 +780,9 @@ class SandboxedProcess:
 
     def start(self) -> None:
         self.marker = b"\x1e\x1f" + secrets.token_hex(8).encode() + b"\x1f\n"
+        cgroup = self.user.attempt_cgroup(self.limits)
+        self._cgroup = cgroup.session(self._cgroup_name) if cgroup is not None else []
+        seccomp = no_unix_sockets_filter() if not self.limits.network else None
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -603,7 +793,7 @@ class SandboxedProcess:
             "TOOLSELF_CTL_OUT": str(from_child_w),
             "TOOLSELF_MARK": self.marker.decode(),
             "TOOLSELF_RLIMITS": json.dumps(rlimits(self.limits, self.user)),
-            **({} if self.limits.network else {"TOOLSELF_NO_NETWORK": "1"}),
+            **({} if self.limits.network else {"TOOLSELF_NO_NETWORK": "1", "TOOLSELF_SECCOMP": (seccomp or b"").hex()}),
         })
         try:
             self.proc = subprocess.Popen(
@@ -611,48 +801,43 @@ class SandboxedProcess:
                 pass_fds=(to_child_r, from_child_w), cwd=self.user.workspace, env=env,
                 start_new_session=True, bufsize=0, **self.user.popen_identity(),
             )
+            # before the first request is written, so before any code the model wrote runs
+            if self._cgroup:
+                AttemptCgroup.enter(self._cgroup, self.proc.pid)
         except BaseException:
+            if self.proc is not None:
+                self.kill()
             for fd in (to_child_w, from_child_r, out_r, err_r):
-                os.close(fd)
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
             raise
         finally:
             for fd in (to_child_r, from_child_w, out_w, err_w):
                 os.close(fd)
         self._ctl_w = os.fdopen(to_child_w, "wb", buffering=0)
-        self._replies: queue.Queue[str | None] = queue.Queue()
-        self._ctl_r = os.fdopen(from_child_r, "rb", buffering=0)
-        threading.Thread(target=self._read_replies, args=(self._ctl_r, self._replies), daemon=True).start()
+        self._replies = _Replies(from_child_r, self.reply_bytes)
         self.stdout = _Stream(out_r, self.marker, self.limits.output_chars)
         self.stderr = _Stream(err_r, self.marker, max(2000, self.limits.output_chars // 2))
         if self.started_once:
             self.pending_notes.append(f"a fresh {self.name} was started; earlier state (variables, working directory) is gone")
         self.started_once = True
 
-    @staticmethod
-    def _read_replies(handle, replies: "queue.Queue[str | None]") -> None:
-        buffer = bytearray()
-        while True:
-            try:
-                data = handle.read(1 << 16)
-            except (OSError, ValueError):
-                data = b""
-            if not data:
-                replies.put(None)
-                handle.close()
-                return
-            start = len(buffer)
-            buffer += data
-            at = buffer.find(b"\n", start)
-            while at >= 0:
-                replies.put(buffer[:at].decode("utf-8", errors="replace"))
-                del buffer[: at + 1]
-                at = buffer.find(b"\n")
-
-    def call(self, request: bytes, timeout_s: float | None = None) -> CallResult:
+    def call(self, request: Callable[[str], bytes], timeout_s: float | None = None) -> CallResult:
+        """Send `request(call_id)`, the session's framing of one request carrying that id."""
         with self._lock:  # one request at a time, even if two threads share an attempt
             return self._call(request, timeout_s)
 
-    def _call(self, request: bytes, timeout_s: float | None) -> CallResult:
+    def _watched(self) -> str | None:
+        """A limit of the attempt that its processes have reached, checked during long calls."""
+        if (self.user.dedicated or self.user.cgroup is not None) and self.user.at_process_limit(self.limits.processes):
+            return "processes"
+        if self.user.over_memory(self.limits.memory_bytes, self):
+            return "memory"
+        return None
+
+    def _call(self, request: Callable[[str], bytes], timeout_s: float | None) -> CallResult:
         timeout_s = self.limits.timeout_s if timeout_s is None else timeout_s
         notes: list[str] = []
         if self.user.at_process_limit(self.limits.processes):
@@ -665,9 +850,11 @@ class SandboxedProcess:
         self.pending_notes = []
         self.stdout.begin()
         self.stderr.begin()
+        call_id = secrets.token_hex(16)
+        self._replies.expect(call_id)
         start = time.perf_counter()
         try:
-            view = memoryview(request)
+            view = memoryview(request(call_id))
             while view:
                 view = view[self._ctl_w.write(view):]
         except (BrokenPipeError, OSError):
@@ -682,18 +869,23 @@ class SandboxedProcess:
                 status = "timeout"
                 break
             try:
-                reply = self._replies.get(timeout=min(0.25, deadline - now))
+                item = self._replies.queue.get(timeout=min(0.25, deadline - now))
             except queue.Empty:
-                if self.user.dedicated and time.perf_counter() >= next_check:
+                if time.perf_counter() >= next_check:
                     next_check += 0.5
-                    if self.user.at_process_limit(self.limits.processes):
-                        status = "processes"
+                    status = self._watched() or status
+                    if status != "ok":
                         break
                 continue
-            if reply is None:
+            if item is None:
                 status = "died"
+            elif item is TOO_LARGE:
+                status = "too_large"
+            else:
+                reply = item
             break
-        if status == "ok":
+        self._replies.expect(None)
+        if status in {"ok", "too_large"}:
             self.stdout.ended.wait(1.0)
             self.stderr.ended.wait(1.0)
         result = CallResult(status, reply, seconds=time.perf_counter() - start, notes=notes)
@@ -701,6 +893,13 @@ class SandboxedProcess:
             self.kill()
             result.notes.append(f"timed out after {timeout_s:g} s: every process of the {self.name} was killed "
                                 f"and its state was lost; the next call starts a fresh {self.name}")
+        elif status == "too_large":
+            result.notes.append(f"the {self.name}'s reply was over {self.reply_bytes:,} bytes and was dropped")
+        elif status == "memory":
+            self.kill()
+            self.user.kill_all()
+            result.notes.append(f"the task's processes held more than {self.limits.memory_bytes >> 20:,} MiB of memory "
+                                "together: all of them were killed and the state was lost")
         elif status == "processes" or (status == "ok" and self.user.at_process_limit(self.limits.processes)):
             self._process_limit_hit(result.notes)  # what a finished command printed is still its own
         elif status == "died":
@@ -719,16 +918,26 @@ class SandboxedProcess:
                      "its processes were killed and its state was lost")
 
     def kill(self) -> None:
-        """Kill the child's process group and every descendant, then reap the child."""
+        """Kill every process of the session, then reap the child.
+
+        With a control group that is everything in the session's group, wherever in the
+        process tree it went. Without one: the child's process group and every descendant,
+        and with a uid of its own, every process of the uid outside the other live sessions'
+        trees (a daemon that left with `setsid` and a double fork is known only by its uid)."""
         proc = self.proc
         if proc is None:
             return
+        if self._cgroup:
+            kill_group(self._cgroup)
         if proc.returncode is None:  # not reaped: the pid and its group are still this session's
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
             kill_pids(lambda: descendants(proc.pid, proc.pid))
+        if not self._cgroup:
+            others = [s for s in self.user.sessions if s is not self]
+            self.user.kill_strays({pid for s in others for pid in s.tree()})
         try:
             proc.wait(timeout=5)  # reaped only now: until here its pid and group were ours
         except subprocess.TimeoutExpired:
@@ -738,7 +947,7 @@ class SandboxedProcess:
                 stream.closed.wait(1.0)
         try:
             self._ctl_w.close()
-        except OSError:
+        except (OSError, AttributeError):
             pass
         self.proc = None
 

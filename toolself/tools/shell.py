@@ -18,12 +18,12 @@ from toolself.tools.sandbox import LIMITS_PRELUDE, CallResult, Limits, Sandboxed
 BASH_DRIVER = r'''
 __ts_in=$TOOLSELF_CTL_IN; __ts_out=$TOOLSELF_CTL_OUT; __ts_mark=$TOOLSELF_MARK
 unset TOOLSELF_CTL_IN TOOLSELF_CTL_OUT TOOLSELF_MARK
-while IFS= builtin read -r -d '' __ts_cmd <&"$__ts_in"; do
+while IFS= builtin read -r -d '' __ts_id <&"$__ts_in" && IFS= builtin read -r -d '' __ts_cmd <&"$__ts_in"; do
   builtin eval "$__ts_cmd" </dev/null
   __ts_status=$?
   builtin printf '%s' "$__ts_mark"
   builtin printf '%s' "$__ts_mark" >&2
-  builtin printf '%d\n' "$__ts_status" >&"$__ts_out"
+  builtin printf '\n%s %d\n' "$__ts_id" "$__ts_status" >&"$__ts_out"
 done
 '''
 
@@ -51,7 +51,7 @@ class BashSession:
         return session
 
     def run(self, command: str, timeout_s: float | None = None) -> CallResult:
-        return self.process.call(command.encode() + b"\0", timeout_s)
+        return self.process.call(lambda call_id: f"{call_id}\0{command}\0".encode(), timeout_s)
 
     def close(self) -> None:
         self.process.close()
