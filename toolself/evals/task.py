@@ -15,13 +15,13 @@ read-only collection.
 from __future__ import annotations
 
 import shutil
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
 from toolself.tools.base import ToolContext
+from toolself.tools.workspace import make_workspace, remove_workspace
 
 Family = Literal["research", "data", "code", "mixed", "gaia", "frames", "xbench", "swebench", "hotpotqa",
                  "gsm8k", "jsonl"]
@@ -78,23 +78,22 @@ class Task:
 class TaskEnvironment:
     """The workspace, collection and tool context of one attempt.
 
-    The workspace is a new directory under `root` (or the system temp dir); `close()` closes the
-    context's resources (Python and shell sessions) and deletes the directory.
+    The workspace is made by `make_workspace` under `root` (or in a folder of the process's
+    own); `close()` closes the context's resources (Python and shell sessions) and deletes the
+    directory.
     """
 
     def __init__(self, task: Task, root: Path | None = None, model: Any = None):
         self.task = task
-        if root is not None:
-            Path(root).mkdir(parents=True, exist_ok=True)
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in task.id)[:60]
-        self.workspace = Path(tempfile.mkdtemp(prefix=f"toolself-{safe}-", dir=root)).resolve()
+        self.workspace = make_workspace(root, prefix=f"toolself-{safe}-").resolve()
         try:
             _place_files(task, self.workspace)
             if task.setup is not None:
                 task.setup(self.workspace)
             collection = _collection_for(task)
         except BaseException:
-            shutil.rmtree(self.workspace, ignore_errors=True)
+            remove_workspace(self.workspace)
             raise
         self.context = ToolContext(workspace=self.workspace, collection=collection, model=model)
         self.closed = False
@@ -104,7 +103,7 @@ class TaskEnvironment:
             return
         self.closed = True
         self.context.close()
-        shutil.rmtree(self.workspace, ignore_errors=True)
+        remove_workspace(self.workspace)
 
     def __enter__(self) -> "TaskEnvironment":
         return self

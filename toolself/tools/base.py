@@ -9,9 +9,8 @@ failure becomes an observation that names the problem, so the model can act on i
 from __future__ import annotations
 
 import inspect
+import os
 import re
-import shutil
-import tempfile
 import traceback
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -47,11 +46,30 @@ class ToolContext:
     model: Any = None
     resources: dict[str, Any] = field(default_factory=dict)
     _owns_workspace: bool = False
+    _root_fd: int | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if os.path.isdir(self.workspace):
+            self.root_fd  # noqa: B018 - taken now, before any code of the attempt has run
 
     @classmethod
     def temporary(cls, collection: Any = None, model: Any = None) -> "ToolContext":
-        return cls(workspace=Path(tempfile.mkdtemp(prefix="toolself-ws-")), collection=collection,
-                   model=model, _owns_workspace=True)
+        """A context with a fresh workspace of its own (`make_workspace`), deleted at `close()`."""
+        from toolself.tools.workspace import make_workspace
+
+        return cls(workspace=make_workspace(), collection=collection, model=model, _owns_workspace=True)
+
+    @property
+    def root_fd(self) -> int:
+        """The workspace's directory descriptor, through which host-side tools reach its files
+        (see toolself.tools.workspace). Taken once, when the context is made (or on first use
+        if the folder did not exist yet), so that renaming the folder and putting a link in its
+        place later moves nothing the host touches."""
+        if self._root_fd is None:
+            from toolself.tools.workspace import open_directory
+
+            self._root_fd = open_directory(self.workspace)
+        return self._root_fd
 
     def relative(self, text: str) -> str:
         """`text` with the workspace's own path written as `.`, so that a traceback reads
@@ -72,8 +90,19 @@ class ToolContext:
                 except Exception:  # a resource that fails to close must not hide the result
                     pass
         self.resources.clear()
+        self._close_root()
         if self._owns_workspace:
-            shutil.rmtree(self.workspace, ignore_errors=True)
+            from toolself.tools.workspace import remove_workspace
+
+            remove_workspace(self.workspace)
+
+    def _close_root(self) -> None:
+        if self._root_fd is not None:
+            os.close(self._root_fd)
+            self._root_fd = None
+
+    def __del__(self) -> None:
+        self._close_root()
 
 
 def _spellings(workspace: Path) -> list[str]:

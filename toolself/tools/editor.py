@@ -6,137 +6,36 @@ says why (the line numbers of each match, or where a near match differs only in 
 so that the next call can be right. Every edit is kept in a per-file history for `undo_edit`.
 
 The editor runs in the host process, with the host's rights, so every path is confined to
-the workspace twice: lexically (no `..` or absolute path out of it) and physically (no
-symbolic link that leads out). Files are then opened component by component with
-O_NOFOLLOW from the workspace's own descriptor, so a link swapped in after the check by the
-task's own code is refused rather than followed.
+the workspace (`toolself.tools.workspace`): lexically, then link by link, and every file is
+opened from the workspace's own descriptor with O_NOFOLLOW, only when it is a regular file.
+An edit rewrites the whole file, so it is made only to files that decode as UTF-8 and hence
+encode back to the same bytes: a file in another encoding is shown, never rewritten, since
+every line the model did not touch would change too.
 """
 
 from __future__ import annotations
 
-import errno
-import os
-import stat
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Iterator, Literal
+from typing import Literal
 
 from toolself.tools.base import ToolContext, ToolError, Verbatim, tool
+from toolself.tools.workspace import Location, Workspace, kind_of
 
 VIEW_CHARS = 16_000
 SNIPPET_LINES = 4
 MAX_FILE_BYTES = 20 * 1024 * 1024
 
 
-def _within(path: Path, root: Path) -> bool:
-    return path == root or root in path.parents
-
-
-class Workspace:
-    """Paths of one workspace, refused when they lead out of it."""
-
-    def __init__(self, root: str | Path):
-        self.root = Path(root).resolve()
-
-    def resolve(self, path: str) -> Path:
-        if not path or "\0" in path:
-            raise ToolError("the path is empty or contains a NUL character")
-        raw = Path(path).expanduser() if path.startswith("~") else Path(path)
-        candidate = raw if raw.is_absolute() else self.root / raw
-        lexical = Path(os.path.normpath(candidate))
-        if not _within(lexical, self.root):
-            raise ToolError(f"refused: {path!r} is outside the workspace. Use a path inside it "
-                            f"(relative paths start at the workspace root, {self.root}).")
-        real = lexical.resolve()
-        if not _within(real, self.root):
-            link = self._first_link_out(lexical)
-            raise ToolError(f"refused: {path!r} leads outside the workspace through the symbolic link "
-                            f"{self.display(link)} -> {os.readlink(link)}")
-        return real
-
-    def _first_link_out(self, lexical: Path) -> Path:
-        current = self.root
-        for part in lexical.relative_to(self.root).parts:
-            current = current / part
-            if current.is_symlink() and not _within(current.resolve(), self.root):
-                return current
-        return lexical
-
-    def display(self, path: Path) -> str:
-        try:
-            rel = path.relative_to(self.root)
-        except ValueError:
-            return str(path)
-        return str(rel) if str(rel) != "." else "."
-
-    @contextmanager
-    def _dir_fd(self, real: Path, create: bool) -> Iterator[int]:
-        """A descriptor of `real`'s parent reached without following any link."""
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            for part in real.relative_to(self.root).parts[:-1]:
-                try:
-                    next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-                except FileNotFoundError:
-                    if not create:
-                        raise
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                    next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-                except OSError as exc:
-                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                        raise ToolError(f"refused: {self.display(real)} changed under the editor (a link appeared)") from None
-                    raise
-                os.close(fd)
-                fd = next_fd
-            yield fd
-        finally:
-            os.close(fd)
-
-    def read_bytes(self, real: Path) -> bytes:
-        with self._dir_fd(real, create=False) as parent:
-            try:
-                fd = os.open(real.name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=parent)
-            except OSError as exc:
-                if exc.errno == errno.ELOOP:
-                    raise ToolError(f"refused: {self.display(real)} is a link") from None
-                raise
-            with os.fdopen(fd, "rb") as handle:
-                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                    raise ToolError(f"{self.display(real)} is not a regular file")
-                data = handle.read(MAX_FILE_BYTES + 1)
-        if len(data) > MAX_FILE_BYTES:
-            raise ToolError(f"{self.display(real)} is larger than {MAX_FILE_BYTES >> 20} MB; use execute_bash to inspect it")
-        return data
-
-    def write_text(self, real: Path, text: str) -> list[Path]:
-        """Write and return the directories and file created, for ownership hand-over."""
-        created = [p for p in real.parents if _within(p, self.root) and not p.exists()]
-        with self._dir_fd(real, create=True) as parent:
-            try:
-                fd = os.open(real.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=parent)
-            except OSError as exc:
-                if exc.errno == errno.ELOOP:
-                    raise ToolError(f"refused: {self.display(real)} is a link") from None
-                raise
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-                handle.write(text)
-        return created + [real]
-
-    def remove(self, real: Path) -> None:
-        with self._dir_fd(real, create=False) as parent:
-            os.unlink(real.name, dir_fd=parent)
-
-
 class EditHistory:
-    """Earlier contents per file (None: the file did not exist)."""
+    """Earlier contents per file, as bytes so that an undo restores them exactly (None: the
+    file did not exist)."""
 
     def __init__(self) -> None:
-        self.versions: dict[Path, list[str | None]] = {}
+        self.versions: dict[tuple[str, ...], list[bytes | None]] = {}
 
-    def push(self, path: Path, previous: str | None) -> None:
+    def push(self, path: tuple[str, ...], previous: bytes | None) -> None:
         self.versions.setdefault(path, []).append(previous)
 
-    def pop(self, path: Path) -> str | None:
+    def pop(self, path: tuple[str, ...]) -> bytes | None:
         stack = self.versions.get(path)
         if not stack:
             raise ToolError("no edit to undo for this file")
@@ -152,33 +51,35 @@ def _numbered(lines: list[str], first: int) -> str:
     return "\n".join(f"{first + i:6}\t{line}" for i, line in enumerate(lines))
 
 
-def _read_text(ws: Workspace, real: Path) -> str:
-    data = ws.read_bytes(real)
+def _read(ws: Workspace, loc: Location) -> bytes:
+    data = ws.read_bytes(loc, MAX_FILE_BYTES)
     if b"\0" in data[:8192]:
-        raise ToolError(f"{ws.display(real)} looks binary; use file_analyzer to read it")
-    return data.decode("utf-8", errors="replace")
+        raise ToolError(f"{loc.shown} looks binary; use file_analyzer to read it")
+    return data
 
 
-def _view(ws: Workspace, real: Path, view_range: list[int] | None) -> str:
-    if real.is_dir():
+def _editable(data: bytes, loc: Location) -> str:
+    """The file's text, refused unless writing it back gives the same bytes."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ToolError(f"refused: {loc.shown} is not UTF-8 text (byte {exc.start + 1} is {data[exc.start:exc.start + 1]!r}), "
+                        "so the editor cannot write it back unchanged outside your edit. Edit it with execute_bash "
+                        "(sed, or iconv to convert it to UTF-8 first).") from None
+
+
+def _view(ws: Workspace, loc: Location, view_range: list[int] | None) -> str:
+    if loc.kind == "dir":
         if view_range:
             raise ToolError("view_range only applies to files")
-        lines = [f"Files and directories up to 2 levels deep in {ws.display(real)} (hidden ones left out):"]
-        base_depth = len(real.parts)
-        for dirpath, dirnames, filenames in os.walk(real):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            depth = len(Path(dirpath).parts) - base_depth
-            if depth >= 2:
-                dirnames[:] = []
-            for name in dirnames:
-                lines.append(ws.display(Path(dirpath) / name) + "/")
-            for name in sorted(f for f in filenames if not f.startswith(".")):
-                lines.append(ws.display(Path(dirpath) / name))
-            if len(lines) > 2000:
-                lines.append("[... listing cut at 2000 entries ...]")
-                break
-        return "\n".join(lines)
-    text = _read_text(ws, real)
+        lines = [f"Files and directories up to 2 levels deep in {loc.shown} (hidden ones left out):"]
+        return "\n".join(lines + ws.listing(loc))
+    data = _read(ws, loc)
+    try:
+        text, note = data.decode("utf-8"), ""
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", errors="replace")
+        note = " (not UTF-8: undecodable bytes are shown as \ufffd; the editor will not edit this file)"
     lines = _lines(text)
     start, end = 1, len(lines)
     if view_range is not None:
@@ -196,7 +97,7 @@ def _view(ws: Workspace, real: Path, view_range: list[int] | None) -> str:
         last = start + cut.count("\n") - 1
         return (f"{cut[: cut.rfind(chr(10))]}\n[output cut after line {last} of {len(lines)}; "
                 f"use view_range=[{last + 1}, -1] to see the rest]")
-    return f"Here is {ws.display(real)} (lines {start}-{end} of {len(lines)}):\n{shown}"
+    return f"Here is {loc.shown} (lines {start}-{end} of {len(lines)}){note}:\n{shown}"
 
 
 def _snippet(text: str, first_changed: int, changed_lines: int) -> str:
@@ -223,13 +124,6 @@ def _no_match_hint(text: str, old: str) -> str:
         return (f" Its first line appears (ignoring indentation) at line(s) {', '.join(map(str, candidates[:10]))}: "
                 "check whitespace and indentation, and view those lines.")
     return " View the file to copy the exact text."
-
-
-def _adopt(ctx: ToolContext, paths: list[Path]) -> None:
-    user = ctx.resources.get("sandbox_user")
-    if user is not None:
-        for path in paths:
-            user.adopt(path)
 
 
 @tool
@@ -260,38 +154,42 @@ def str_replace_editor(
     """
     if ctx is None:
         raise ToolError("str_replace_editor needs a task context (a workspace)")
-    ws = Workspace(ctx.workspace)
-    real = ws.resolve(path)
-    shown = ws.display(real)
+    ws = Workspace.of(ctx)
+    loc = ws.locate(path)
+    shown = loc.shown
     history: EditHistory = ctx.resources.setdefault("editor_history", EditHistory())
+    if loc.kind == "other":
+        raise ToolError(f"refused: {shown} is {kind_of(loc.st.st_mode)}; the editor works on regular files")
 
     if command == "view":
-        if not real.exists():
+        if loc.kind == "missing":
             raise ToolError(f"{shown} does not exist")
-        return _view(ws, real, view_range)
+        return _view(ws, loc, view_range)
 
     if command == "create":
         if file_text is None:
             raise ToolError("create needs file_text (the whole content of the file)")
-        if real.is_dir():
+        if loc.kind == "dir":
             raise ToolError(f"{shown} is a directory")
-        previous = _read_text(ws, real) if real.exists() else None
-        _adopt(ctx, ws.write_text(real, file_text))
-        history.push(real, previous)
+        previous = ws.read_bytes(loc, MAX_FILE_BYTES) if loc.kind == "file" else None
+        ws.write_bytes(loc, file_text.encode("utf-8"))
+        history.push(loc.parts, previous)
         verb = "Overwrote" if previous is not None else "Created"
         return f"{verb} {shown} ({len(file_text.splitlines())} lines)."
 
     if command == "undo_edit":
-        previous = history.pop(real)
+        previous = history.pop(loc.parts)
         if previous is None:
-            ws.remove(real)
+            ws.remove(loc)
             return f"Undid the creation of {shown}; the file is removed."
-        _adopt(ctx, ws.write_text(real, previous))
-        return f"Reverted the last edit of {shown}:\n{_snippet(previous, 1, 0) if len(previous) < 2000 else '(file restored)'}"
+        ws.write_bytes(loc, previous)
+        restored = previous.decode("utf-8", errors="replace")
+        return f"Reverted the last edit of {shown}:\n{_snippet(restored, 1, 0) if len(restored) < 2000 else '(file restored)'}"
 
-    if not real.is_file():
-        raise ToolError(f"{shown} is not an existing file" + ("; use create to make it" if not real.exists() else ""))
-    text = _read_text(ws, real)
+    if loc.kind != "file":
+        raise ToolError(f"{shown} is not an existing file" + ("; use create to make it" if loc.kind == "missing" else ""))
+    data = _read(ws, loc)
+    text = _editable(data, loc)
 
     if command == "str_replace":
         if old_str is None or old_str == "":
@@ -304,8 +202,8 @@ def str_replace_editor(
             raise ToolError(f"no replacement made: old_str occurs {len(matches)} times in {shown}, at lines "
                             f"{', '.join(map(str, matches))}. Include more surrounding lines to make it unique.")
         updated = text.replace(old_str, replacement, 1)
-        _adopt(ctx, ws.write_text(real, updated))
-        history.push(real, text)
+        ws.write_bytes(loc, updated.encode("utf-8"))
+        history.push(loc.parts, data)
         return (f"Edited {shown}. The changed region:\n"
                 f"{_snippet(updated, matches[0], replacement.count(chr(10)) + 1)}\n"
                 "Check that it is as intended; undo_edit reverts it.")
@@ -321,8 +219,8 @@ def str_replace_editor(
         block = new_str if new_str.endswith("\n") or insert_line == len(lines) and not text.endswith("\n") else new_str + "\n"
         new_lines = _lines(block)
         updated = "".join(lines[:insert_line] + [block] + lines[insert_line:])
-        _adopt(ctx, ws.write_text(real, updated))
-        history.push(real, text)
+        ws.write_bytes(loc, updated.encode("utf-8"))
+        history.push(loc.parts, data)
         return f"Inserted {len(new_lines)} line(s) after line {insert_line} of {shown}:\n{_snippet(updated, insert_line + 1, len(new_lines))}"
 
     raise ToolError(f"unknown command {command!r}")

@@ -5,7 +5,8 @@ models read best. Document parsers are large and the files are untrusted (a task
 may have written them), so parsing happens in a separate converter process per attempt under
 the same sandbox as the code tools (unprivileged uid when the host is root, memory and CPU
 limits, a timeout): a decompression bomb or a parser crash costs one observation, not the
-agent. The host reads the file (through the editor's link-refusing open) and sends the bytes.
+agent. The host reads the file (link-safely, regular files only: toolself.tools.workspace)
+and sends the bytes; files up to `MAX_BYTES` (50 MB) are read.
 
 Long results are paginated like `visit`, never cut silently, and each converted file is kept
 per attempt (by path, size and modification time) so that reading page 2 does not convert
@@ -19,9 +20,9 @@ import json
 from pathlib import Path
 
 from toolself.tools.base import ToolContext, ToolError, tool
-from toolself.tools.editor import Workspace
 from toolself.tools.sandbox import LIMITS_PRELUDE, SandboxedProcess, SandboxUser, limits_for
 from toolself.tools.visit import paginate
+from toolself.tools.workspace import Workspace, kind_of
 
 MAX_BYTES = 50 * 1024 * 1024
 MAX_TEXT_CHARS = 5_000_000
@@ -122,18 +123,22 @@ class Converter:
             raise ToolError(f"{name}: the converter's answer was unreadable") from None
         if "error" in reply:
             raise ToolError(f"{name}: {reply['error']}")
-        text = reply["text"]
-        if reply.get("cut"):
-            text += f"\n\n[... the last {reply['cut']:,} characters of the converted text were cut ...]"
-        return text
+        return _with_cut(reply["text"], reply.get("cut", 0))
 
     def close(self) -> None:
         self.process.close()
 
 
+def _with_cut(text: str, cut: int) -> str:
+    if cut > 0:
+        text += f"\n\n[... the last {cut:,} characters of the converted text were cut ...]"
+    return text
+
+
 def convert_bytes(data: bytes, name: str, ctx: ToolContext) -> str:
     if Path(name).suffix.lower() in PLAIN:
-        return data.decode("utf-8", errors="replace")
+        text = data.decode("utf-8", errors="replace")
+        return _with_cut(text[:MAX_TEXT_CHARS], len(text) - MAX_TEXT_CHARS)
     return Converter.for_context(ctx).convert(data, name)
 
 
@@ -151,20 +156,23 @@ def file_analyzer(path: str, ctx: ToolContext, page: int = 1) -> str:
         raise ToolError("file_analyzer needs a task context (a workspace)")
     if page < 1:
         raise ToolError("page starts at 1")
-    ws = Workspace(ctx.workspace)
-    real = ws.resolve(path)
-    shown = ws.display(real)
-    if not real.exists():
+    ws = Workspace.of(ctx)
+    loc = ws.locate(path)
+    shown = loc.shown
+    if loc.kind == "missing":
         raise ToolError(f"{shown} does not exist")
-    if not real.is_file():
-        raise ToolError(f"{shown} is not a file")
-    st = real.stat()
-    if st.st_size > MAX_BYTES:
-        raise ToolError(f"{shown} is {st.st_size >> 20} MB; file_analyzer reads files up to {MAX_BYTES >> 20} MB")
+    if loc.kind != "file":
+        raise ToolError(f"{shown} is {kind_of(loc.st.st_mode)}, not a file")
     cache: dict = ctx.resources.setdefault("file_analyzer_pages", {})
-    key = (str(real), st.st_size, st.st_mtime_ns)
-    if key not in cache:
-        cache[key] = paginate(convert_bytes(ws.read_bytes(real), real.name, ctx))
+    with ws.open_file(loc) as (handle, st):
+        if st.st_size > MAX_BYTES:
+            raise ToolError(f"{shown} is {st.st_size >> 20} MB; file_analyzer reads files up to {MAX_BYTES >> 20} MB")
+        key = (loc.parts, st.st_size, st.st_mtime_ns)
+        if key not in cache:
+            data = handle.read(MAX_BYTES + 1)
+            if len(data) > MAX_BYTES:
+                raise ToolError(f"{shown} grew past {MAX_BYTES >> 20} MB while it was read")
+            cache[key] = paginate(convert_bytes(data, loc.parts[-1], ctx))
     pages = cache[key]
     if page > len(pages):
         raise ToolError(f"{shown} has {len(pages)} page(s); page {page} does not exist")

@@ -46,6 +46,7 @@ from typing import Any, Callable
 from toolself.tools.cgroups import AttemptCgroup, kill_group
 from toolself.tools.leases import Leases, state_dir
 from toolself.tools.seccomp import no_unix_sockets_filter
+from toolself.tools.workspace import hand_over, open_directory
 
 log = logging.getLogger(__name__)
 
@@ -295,16 +296,6 @@ def leases() -> Leases:
     return _LEASES
 
 
-def _chown_tree(root: Path, uid: int, gid: int) -> None:
-    os.lchown(root, uid, gid)
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            try:
-                os.lchown(os.path.join(dirpath, name), uid, gid)
-            except OSError:
-                pass
-
-
 class SandboxUser:
     """Who an attempt's processes run as, and the power to stop all of them.
 
@@ -330,6 +321,7 @@ class SandboxUser:
         self._lease = secrets.token_hex(8)
         self._owner: tuple[int, int] | None = None
         self._mode: int | None = None
+        self._root: int | None = None  # the workspace's descriptor, for handing it over and back
 
     @classmethod
     def for_context(cls, ctx: Any) -> "SandboxUser":
@@ -358,11 +350,11 @@ class SandboxUser:
         uid = _free_uid()
         user = cls(workspace, uid, interpreter=interpreter)
         leases().write(user._lease, uid, None)
-        st = workspace.stat()
+        user._root = open_directory(workspace)
+        st = os.fstat(user._root)
         user._owner = (st.st_uid, st.st_gid)
         user._mode = stat.S_IMODE(st.st_mode)
-        _chown_tree(workspace, uid, uid)
-        os.chmod(workspace, 0o700)
+        hand_over(user._root, uid, uid, mode=0o700)
         return user
 
     @classmethod
@@ -379,15 +371,6 @@ class SandboxUser:
         if self.uid is None:
             return {}
         return {"user": self.uid, "group": self.gid, "extra_groups": []}
-
-    def adopt(self, path: Path) -> None:
-        """Hand a file created by the host (the editor) to the sandbox user, so its code can edit it."""
-        if self.uid is None:
-            return
-        try:
-            os.lchown(path, self.uid, self.gid)
-        except OSError:
-            pass
 
     def attempt_cgroup(self, limits: Limits) -> AttemptCgroup | None:
         """The attempt's control group, made with the first session's limits; None where the
@@ -463,9 +446,10 @@ class SandboxUser:
             self.attempt_cgroup(self._cgroup_limits or Limits.from_env())
         if self.uid is None:
             return
-        self.uid = self.gid = _free_uid()
+        old, self.uid = self.uid, _free_uid()
+        self.gid = self.uid
         leases().write(self._lease, self.uid, self.cgroup)
-        _chown_tree(self.workspace, self.uid, self.gid)
+        hand_over(self._root, self.uid, self.gid, owned_by=old)
 
     def close(self) -> None:
         self.kill_all()
@@ -473,10 +457,9 @@ class SandboxUser:
             self.cgroup.close()
             self.cgroup = None
         leases().release(self._lease)
-        if self._owner is not None and self.workspace.exists():
-            _chown_tree(self.workspace, *self._owner)
-            if self._mode is not None:
-                os.chmod(self.workspace, self._mode)
+        if self._owner is not None:
+            hand_over(self._root, *self._owner, owned_by=self.uid, mode=self._mode)
+            os.close(self._root)
             self._owner = None
 
 
