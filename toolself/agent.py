@@ -10,7 +10,10 @@ policy gets one forced `reconfigure` turn (the paper's shape: a stage budget mov
 on, it does not quit). The attempt ends when its total action budget, its stages, its tokens,
 its wall clock or its context run out, after asking the policy once for its best answer.
 Nothing the model writes can crash the loop: each malformed output becomes an observation it
-can act on, recorded in the trajectory.
+can act on, recorded in the trajectory. Nor can the model hold the loop: a call still running
+at the time limit is abandoned (see `bounded`); what it wrote and what tools returned are
+capped before they are recorded; and Ctrl-C ends the attempt as `interrupted`, its trajectory
+kept (see `Agent.run`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 
 import jinja2
 
+from toolself.bounded import Abandoned, call_within
 from toolself.config import (
     GENERIC_STRATEGY,
     Configuration,
@@ -35,13 +39,15 @@ from toolself.config import (
 )
 from toolself.context import MODES, describe_modes
 from toolself.history import HistoryPool
-from toolself.models.base import ChatModel, Completion, Message
+from toolself.models.base import ChatModel, Completion, Message, ToolCall
 from toolself.tools.base import Observation, Tool, ToolArgumentError, ToolContext, ToolPool
 from toolself.tools.special import RECONFIGURE, SPECIAL_TOOLS, TERMINATE
 from toolself.trajectory import Conversation, ModelCall, Stage, Step, Trajectory
 
 FREEZABLE = ("subgoal", "strategy", "toolbox", "knowledge", "mode")
 CONFIGURATORS = ("policy", "decoupled", "preset")
+# After the time limit, the policy's last call (its best answer) gets this share of the limit.
+FINAL_ANSWER_GRACE = 0.1
 
 
 @dataclass
@@ -57,6 +63,9 @@ class AgentSettings:
     max_total_steps: actions across all stages (default max_stages x max_steps_per_stage).
     context_limit: the tokens the model can read at once; an action turn whose visible context
     still exceeds it after the mode's trimming asks for the final answer instead (None: never).
+    max_reply_chars: the most characters kept of a reply's text and of each call's arguments; a
+    call with longer arguments is not run (the model is told the limit).
+    max_observation_chars: the most characters kept of a tool's observation.
     """
 
     method: str = "toolself"
@@ -74,6 +83,8 @@ class AgentSettings:
     max_tokens_per_call: int | None = None
     config_max_text: int | None = None
     context_limit: int | None = None
+    max_reply_chars: int = 100_000
+    max_observation_chars: int = 100_000
 
     def __post_init__(self) -> None:
         if self.configurator not in CONFIGURATORS:
@@ -87,7 +98,7 @@ class AgentSettings:
         if missing:
             raise ValueError(f"unknown context mode(s) {missing}; registered: {list(MODES)}")
         for name in ("max_stages", "max_steps_per_stage", "max_total_tokens", "context_budget",
-                     "max_total_steps", "context_limit"):
+                     "max_total_steps", "context_limit", "max_reply_chars", "max_observation_chars"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
 
@@ -150,7 +161,11 @@ class Agent:
     def run(self, task: str, ctx: ToolContext | None = None, task_id: str = "",
             metadata: dict[str, Any] | None = None, cancel: threading.Event | None = None) -> Trajectory:
         """Run one attempt at `task` and return its trajectory (never raises for model or tool
-        failures: those end the attempt with `end_reason` and `error` set)."""
+        failures: those end the attempt with `end_reason` and `error` set).
+
+        KeyboardInterrupt and SystemExit, wherever they come from (the user's Ctrl-C, a model),
+        end the attempt as `interrupted` and then go on, carrying the trajectory so far as
+        their `trajectory` attribute, so that a caller can keep it (see `interrupted_attempt`)."""
         own_ctx = ctx is None
         ctx = ctx or ToolContext.temporary(model=self.model)
         if ctx.model is None:
@@ -160,12 +175,23 @@ class Agent:
                                 settings=self.settings.to_dict(), metadata=dict(metadata or {}))
         try:
             _Attempt(self, trajectory, ctx, cancel).run()
+        except (KeyboardInterrupt, SystemExit) as exc:
+            trajectory.end_reason = "interrupted"
+            trajectory.error = None if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
+            exc.trajectory = trajectory  # type: ignore[union-attr]
+            raise
         finally:
             if own_ctx:
                 ctx.close()
             self.model.end_session(trajectory.id)
         self.observer.finished(trajectory)
         return trajectory
+
+
+def interrupted_attempt(exc: BaseException) -> Trajectory | None:
+    """The trajectory an interrupt carried out of `Agent.run`, if it came from there."""
+    trajectory = getattr(exc, "trajectory", None)
+    return trajectory if isinstance(trajectory, Trajectory) else None
 
 
 @dataclass
@@ -186,6 +212,8 @@ class _Attempt:
         self.history = HistoryPool()
         self.started = time.monotonic()
         self.deadline = self.started + self.s.time_limit if self.s.time_limit else None
+        self.final_deadline = self.deadline
+        self.cut_arguments: dict[int, int] = {}  # id(ToolCall) -> characters its arguments had
         self.tool_names = agent.pool.names
         self.modes = list(self.s.modes)
         self._token_counts: dict[int, list[int]] = {}
@@ -381,8 +409,13 @@ class _Attempt:
         stage.end = stage.end or f"budget:{budget}"
         conversation = stage.conversation
         conversation.messages.append(Message("user", render("budget.j2", budget=budget)))
+        if budget in ("time", "cancelled"):
+            grace = FINAL_ANSWER_GRACE * self.s.time_limit if self.s.time_limit else None
+            self.final_deadline = time.monotonic() + grace if grace is not None else None
         try:
             completion, _ = self.decide(conversation, "final", [SPECIAL_TOOLS[TERMINATE].schema], check=False)
+        except BudgetExhausted:
+            return  # no best answer within the time left: the attempt ends without one
         except Exception as exc:
             t.error = "".join(traceback.format_exception(exc)).strip()
             return
@@ -498,11 +531,15 @@ class _Attempt:
                 sum(self.agent.model.count_tokens(m.content) + 4 for m in visible) > self.s.context_limit:
             raise BudgetExhausted("context")
         model = model or self.agent.model
-        completion = model.complete(visible, tools=tools, response_schema=response_schema,
-                                    session=self.trajectory.id, max_tokens=self.s.max_tokens_per_call)
-        message = completion.message
-        if message.role != "assistant":
-            message = replace(message, role="assistant")
+        deadline, cancel = (self.final_deadline, None) if kind == "final" else (self.deadline, self.cancel)
+        try:
+            completion = call_within(lambda: model.complete(
+                visible, tools=tools, response_schema=response_schema, session=self.trajectory.id,
+                max_tokens=self.s.max_tokens_per_call), deadline, cancel)
+        except Abandoned as exc:
+            raise BudgetExhausted(exc.reason) from None
+        message = self.bounded_reply(completion.message)
+        completion = replace(completion, message=message)
         conversation.messages.append(message)
         conversation.calls.append(ModelCall(
             kind=kind, view=view, output=len(conversation.messages) - 1,
@@ -511,11 +548,45 @@ class _Attempt:
         self.trajectory.usage = self.trajectory.usage + completion.usage
         return completion, len(conversation.calls) - 1
 
+    def bounded_reply(self, message: Message) -> Message:
+        """The reply as the loop records and acts on it: an assistant message whose text is a
+        string (None from a backend is an empty reply), with text and reasoning cut at the
+        limit, and each call whose arguments are over it kept unrun, as a call that could not
+        be read, so that the model is told and the trajectory stays bounded."""
+        limit = self.s.max_reply_chars
+        calls = []
+        for call in message.tool_calls or []:
+            raw = call.raw_arguments or (json.dumps(call.arguments) if call.arguments is not None else "")
+            if len(raw) > limit or len(call.name or "") > limit:
+                call = ToolCall(name=(call.name or "")[:limit], arguments=None, id=call.id, raw_arguments=raw[:limit],
+                                error=f"its arguments are {len(raw):,} characters, over the limit of {limit:,}; "
+                                      "send the content in smaller pieces")
+                self.cut_arguments[id(call)] = len(raw)
+            calls.append(call)
+        reasoning = _cut(_as_text(message.reasoning), limit) if message.reasoning is not None else None
+        return replace(message, role="assistant", content=_cut(_as_text(message.content), limit), tool_calls=calls,
+                       reasoning=reasoning)
+
     def respond(self, stage: Stage, tool_call, observation: Observation, call_index: int,
                 duration: float = 0.0) -> None:
-        stage.conversation.messages.append(Message("tool", observation.content, tool_call_id=tool_call.id,
+        content = _as_text(observation.content)
+        cut = {"observation": len(content)} if len(content) > self.s.max_observation_chars else {}
+        if id(tool_call) in self.cut_arguments:
+            cut["arguments"] = self.cut_arguments[id(tool_call)]
+        content = _cut(content, self.s.max_observation_chars)
+        stage.conversation.messages.append(Message("tool", content, tool_call_id=tool_call.id,
                                                    name=tool_call.name or None))
-        step = Step(tool=tool_call.name, arguments=tool_call.arguments, observation=observation.content,
-                    is_error=observation.is_error, duration=duration, call=call_index)
+        step = Step(tool=tool_call.name, arguments=tool_call.arguments, observation=content,
+                    is_error=observation.is_error, duration=duration, call=call_index, cut=cut)
         stage.steps.append(step)
         self.agent.observer.step(self.trajectory, stage, step)
+
+
+def _as_text(value: Any) -> str:
+    return "" if value is None else value if isinstance(value, str) else str(value)
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[... {len(text) - limit:,} more characters cut: the limit is {limit:,} ...]"

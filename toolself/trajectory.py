@@ -92,7 +92,11 @@ class Conversation:
 
 @dataclass
 class Step:
-    """One tool call and its observation, for reading and analysis."""
+    """One tool call and its observation, for reading and analysis.
+
+    cut: what was over its limit and how many characters it had, e.g. {"observation": 20971520}:
+    an observation is kept cut (the model saw the same cut text), a call's arguments are kept cut
+    and the call was not run (see `AgentSettings.max_reply_chars`)."""
 
     tool: str
     arguments: dict[str, Any] | None
@@ -100,6 +104,7 @@ class Step:
     is_error: bool = False
     duration: float = 0.0
     call: int = -1  # index of the ModelCall that chose it
+    cut: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Step":
