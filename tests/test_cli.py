@@ -34,7 +34,7 @@ def test_run_shows_stages_and_actions_prints_the_answer_and_writes_the_trajector
         result = runner.invoke(app, ["run", "Where was the founder born?", "--model", f"openai:scripted@{url}",
                                      "--docs", str(demo_docs()), "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert "stage 0" in result.output and "stage 1" in result.output
+    assert "stage 1" in result.output and "stage 2" in result.output and "1. search" in result.output
     assert "search" in result.output and "maker found" in result.output
     assert f"answer: '{DEMO_ANSWER}'" in result.output
     [trajectory] = read_jsonl(out)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import time
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
@@ -18,7 +20,10 @@ def _short(text: str, limit: int = 160) -> str:
 
 
 class RichObserver(Observer):
-    """Shows each stage's configuration as the policy wrote it, each action, and the end."""
+    """Shows each stage's configuration as the policy wrote it, each action, and the end.
+    Stages and steps are numbered from 1, as the viewer numbers them, and each step says how
+    long its tool took and when in the attempt it ended, so a slow model and a slow tool can
+    be told apart while watching."""
 
     def __init__(self, console: Console | None = None):
         self.console = console or Console()
@@ -40,13 +45,15 @@ class RichObserver(Observer):
         table.add_row("written by", _short(source, 300))
         if stage.frozen:
             table.add_row("frozen", ", ".join(stage.frozen))
-        self.console.print(Panel(table, title=f"stage {stage.index}", title_align="left", border_style="cyan"))
+        self.console.print(Panel(table, title=f"stage {stage.index + 1}", title_align="left", border_style="cyan"))
 
     def step(self, trajectory: Trajectory, stage: Stage, step: Step) -> None:
         args = json.dumps(step.arguments, ensure_ascii=False) if step.arguments is not None else "(unreadable)"
         style = "red" if step.is_error else "green"
-        self.console.print(f"  [bold]{step.tool or '?'}[/bold] {_short(args, 120)}")
-        self.console.print(f"    [{style}]→ {_short(step.observation)}[/{style}]")
+        at = time.time() - trajectory.started_at
+        self.console.print(f"  {len(stage.steps)}. [bold]{step.tool or '?'}[/bold] {escape(_short(args, 120))}  "
+                           f"[dim]({step.duration:.1f} s, at {at:.1f} s)[/dim]")
+        self.console.print(f"    [{style}]→ {escape(_short(step.observation))}[/{style}]")
 
     def configuration_rejected(self, trajectory: Trajectory, problems: list[str]) -> None:
         self.console.print(f"  [yellow]configuration rejected: {_short('; '.join(problems), 300)}[/yellow]")
