@@ -1,7 +1,8 @@
 """Progress of an evaluation: done / running / failed, accuracy and tokens so far, ETA.
 
 In a terminal it is a live rich line; elsewhere (CI logs, `nohup`) it prints one plain line
-every `every` attempts and at the end, so a log stays readable.
+every `every` attempts (by default each one: a log that says nothing for ten attempts of a
+slow model looks like a hung run) and at the end.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from toolself.evals.records import AttemptKey, AttemptRecord
 class EvalProgress:
     """Counts what the runner reports; thread-safe, rendered by rich or as plain lines."""
 
-    def __init__(self, console: Console | None = None, every: int = 10, live: bool | None = None):
+    def __init__(self, console: Console | None = None, every: int = 1, live: bool | None = None):
         self.console = console or Console(stderr=True)
         self.every = max(1, every)
         self.live_enabled = self.console.is_terminal if live is None else live
