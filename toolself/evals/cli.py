@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -17,12 +19,23 @@ def _group() -> None:
     """Inspect benchmark and built-in tasks."""
 
 
+def check_spec(spec: str) -> None:
+    """A spec whose prefix names no loader (`nope:/x`) is a typo, not a file called `nope:/x`
+    (a file whose name holds a colon can still be named `jsonl:nope:/x`)."""
+    from toolself.evals.loaders import KINDS, parse_spec
+
+    prefix, sep, _ = spec.partition("?")[0].partition(":")
+    if sep and parse_spec(spec).kind == "" and re.fullmatch(r"[A-Za-z][\w-]+", prefix) \
+            and not Path(spec.partition("?")[0]).exists():
+        raise ValueError(f"{spec}: unknown prefix {prefix!r}; known: {', '.join(sorted(KINDS))}")
+
+
 @tasks_app.command("show")
 def show(
     spec: str = typer.Argument(..., help="builtin:research|data|code|mixed[?knobs], gaia:PATH, frames:PATH, "
                                          "xbench:PATH, swebench:PATH[?repo=CLONE], hotpotqa:PATH, gsm8k:PATH, jsonl:PATH"),
     split: Optional[str] = typer.Option(None, help="train | heldout for built-in suites; a label for files."),
-    limit: Optional[int] = typer.Option(3, help="How many tasks to show."),
+    limit: int = typer.Option(3, min=1, help="How many tasks to show."),
     seed: int = typer.Option(0, help="Seed of the built-in generators (and of ?shuffle=1)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON record per task instead of a listing."),
 ) -> None:
@@ -31,9 +44,10 @@ def show(
 
     console = Console()
     try:
+        check_spec(spec)
         tasks = load_tasks(spec, split=split, limit=limit, seed=seed)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
-        console.print(f"[red]{escape(str(exc))}[/red]")
+        Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     for task in tasks:
         record = task.summary()
