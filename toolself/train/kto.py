@@ -43,6 +43,7 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: KTO
     """Train a KTO adapter on top of `policy_path` (the RFT adapter or a full model) with
     `dataset` (prompt_ids / completion_ids / label), saved in `out_dir` with the merged
     starting model in `out_dir/base` when the policy was an adapter."""
+    from toolself.train.kernels import use_kernels
     from toolself.train.lora import load_base
     from toolself.train.merge import prepare_base
     from toolself.train.trainlog import CountingCollator, JsonlLog
@@ -68,11 +69,18 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: KTO
     with PartialState().main_process_first():  # one process merges; the others then find it
         base = prepare_base(policy_path, out_dir)
     model, tokenizer = load_base(base)
+    longest = max(len(p) + len(c) for p, c in zip(dataset["prompt_ids"], dataset["completion_ids"])) \
+        if "prompt_ids" in (dataset.column_names or []) else config.max_length
+    kernels = use_kernels(model, config, longest, padding_free=False,
+                          min_batch=1 if config.loss_type == "apo_zero_unpaired" else 2)
+    kernels.why["padding_free"] = "off: KTO's pairs are padded (TRL's KTO collator has no padding-free form)"
     collator = CountingCollator(DataCollatorForUnpairedPreference(pad_token_id=tokenizer.pad_token_id,
                                                                   max_length=config.max_length))
     log = JsonlLog(log_path, collator, stage="kto",
-                   extra={"examples": len(dataset), "base": str(base), "weights": weights.to_dict()})
+                   extra={"examples": len(dataset), "base": str(base), "weights": weights.to_dict(),
+                          "kernels": kernels.to_dict()})
     trainer = PretokenizedKTOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                                      data_collator=collator, peft_config=config.peft_config(model), callbacks=[log])
     return run_trainer(trainer, collator, out_dir, log_path, len(dataset), resume,
-                       extra={"weights": weights.to_dict(), "kl_tokens": collator.kl_tokens, "base": str(base)})
+                       extra={"weights": weights.to_dict(), "kl_tokens": collator.kl_tokens, "base": str(base),
+                              "kernels": kernels.to_dict()})

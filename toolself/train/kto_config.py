@@ -11,11 +11,12 @@ from typing import Any
 
 from trl import KTOConfig as _TRLKTOConfig
 
+from toolself.train.kernels import KernelArguments
 from toolself.train.lora import LoraArguments, accelerator_defaults
 
 
 @dataclass
-class CATKTOConfig(_TRLKTOConfig, LoraArguments):
+class CATKTOConfig(_TRLKTOConfig, LoraArguments, KernelArguments):
     learning_rate: float = field(
         default=5e-5,
         metadata={"help": "AdamW learning rate. TRL's 1e-6 default is for full fine-tuning; a fresh LoRA adapter "
@@ -58,6 +59,10 @@ class CATKTOConfig(_TRLKTOConfig, LoraArguments):
         metadata={"help": "bfloat16 mixed precision. Default: on where the GPU or CPU computes in it (AVX512-BF16 / "
                           "AMX)."})
     seed: int = field(default=0, metadata={"help": "Random seed."})
+    use_liger_kernel: bool | None = field(
+        default=None,
+        metadata={"help": "Liger's fused RMSNorm / RoPE / SwiGLU kernels (Triton). Default (None): on on a CUDA GPU "
+                          "when liger-kernel is installed (the `gpu` extra), off elsewhere."})
     compile_layers: bool | None = field(
         default=False,
         metadata={"help": "Compile each decoder layer with torch.compile. Off for KTO: its reference pass (no "

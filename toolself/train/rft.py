@@ -1,19 +1,23 @@
 """CAT stage I: fine-tune a student on the successful trajectories (TRL `SFTTrainer`, LoRA).
 
 The dataset is the data builder's: pre-tokenized sequences with their labels (-100 on every
-token the policy did not write), trained as is with TRL's padding collator, so the loss falls
-exactly on the tokens the teacher produced.
+token the policy did not write), trained as is with TRL's collator (padded, or flattened into
+one row where the attention kernel runs packed sequences alone: see `kernels.py`), so the loss
+falls exactly on the tokens the teacher produced.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from toolself.train.rft_config import RFTConfig
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -43,6 +47,7 @@ def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTC
     from trl import SFTTrainer
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
+    from toolself.train.kernels import use_kernels
     from toolself.train.lora import load_base
     from toolself.train.merge import prepare_base
     from toolself.train.trainlog import CountingCollator, JsonlLog
@@ -60,11 +65,15 @@ def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTC
         base = prepare_base(model_path, out_dir)
     model, tokenizer = load_base(base)
     dataset = dataset.select_columns(["input_ids", "labels"])
-    collator = CountingCollator(DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id))
-    log = JsonlLog(log_path, collator, stage="rft", extra={"examples": len(dataset), "base": str(base)})
+    kernels = use_kernels(model, config, max(map(len, dataset["input_ids"])), config.padding_free)
+    collator = CountingCollator(DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id,
+                                                                padding_free=kernels.padding_free))
+    log = JsonlLog(log_path, collator, stage="rft",
+                   extra={"examples": len(dataset), "base": str(base), "kernels": kernels.to_dict()})
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                          data_collator=collator, peft_config=config.peft_config(model), callbacks=[log])
-    return run_trainer(trainer, collator, out_dir, log_path, len(dataset), resume)
+    return run_trainer(trainer, collator, out_dir, log_path, len(dataset), resume,
+                       extra={"kernels": kernels.to_dict()})
 
 
 def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int, resume: bool,
@@ -101,6 +110,7 @@ def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int,
         result.extra["compiled_layers"] = why
         if frozen is not None:
             result.extra["frozen_layer_cache"] = frozen.stats()
+            logger.info("frozen-layer cache: %s", frozen.stats())
         trainer.processing_class.save_pretrained(str(out_dir))
         (out_dir / "train_result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
     return result

@@ -11,11 +11,12 @@ from typing import Any
 
 from trl import SFTConfig
 
+from toolself.train.kernels import KernelArguments
 from toolself.train.lora import LoraArguments, accelerator_defaults
 
 
 @dataclass
-class RFTConfig(SFTConfig, LoraArguments):
+class RFTConfig(SFTConfig, LoraArguments, KernelArguments):
     learning_rate: float = field(
         default=2e-4,
         metadata={"help": "AdamW learning rate. 2e-4 is the usual LoRA SFT rate (LoRA updates start at zero and "
@@ -58,6 +59,15 @@ class RFTConfig(SFTConfig, LoraArguments):
                           "preparation is skipped: no re-tokenization, no second truncation."},
     )
     seed: int = field(default=0, metadata={"help": "Random seed."})
+    use_liger_kernel: bool | None = field(
+        default=None,
+        metadata={"help": "Liger's fused RMSNorm / RoPE / SwiGLU kernels (Triton). Default (None): on on a CUDA GPU "
+                          "when liger-kernel is installed (the `gpu` extra), off elsewhere."})
+    padding_free: bool | None = field(
+        default=None,
+        metadata={"help": "Flatten each micro-batch into one row with position ids instead of padding it. Default "
+                          "(None): on with flash attention, whose varlen kernel computes each sequence alone; off "
+                          "with SDPA, which would attend over the whole row's block-diagonal mask."})
 
     def __post_init__(self) -> None:
         accelerator_defaults(self)

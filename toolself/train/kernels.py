@@ -1,0 +1,168 @@
+"""What a training run computes with on its device: the attention kernel, padding-free batches,
+Liger's fused layers and the micro-batch size, each chosen once, with the reason recorded.
+
+On a 2-core CPU none of this mattered; on a GPU it is most of the difference between the ~16%
+of peak the first H200 run reached and what LoRA fine-tuning usually reaches. Padded batches
+of trajectory sequences of very different lengths spend much of a step on padding; the
+varlen flash-attention kernel computes each sequence of a flattened (padding-free) batch
+alone. Without flash-attention, a flattened batch would make SDPA attend over a block-diagonal
+mask of the whole row (quadratic in the row's length, not in each sequence's), so padding-free
+is then off unless asked for.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+FLASH = "flash_attention_2"
+SDPA = "sdpa"
+
+
+@dataclass
+class KernelArguments:
+    """Kernel knobs, mixed into the RFT and KTO configurations."""
+
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={"help": "Attention kernel: flash_attention_2, sdpa or eager. Default (None): flash_attention_2 on "
+                          "a CUDA GPU in bf16/fp16 when flash-attn is installed, sdpa otherwise."},
+    )
+    auto_batch_size: bool = field(
+        default=True,
+        metadata={"help": "On a CUDA GPU, raise the micro-batch from free memory (the longest sequence times the "
+                          "micro-batch must fit) and lower gradient_accumulation_steps so that the effective batch "
+                          "stays the same. Off, or on a CPU, the configured sizes are used as given."},
+    )
+
+
+@dataclass
+class KernelChoice:
+    """What was chosen and why, for the training result and the log."""
+
+    attention: str
+    padding_free: bool
+    liger: bool
+    batch_size: int
+    accumulation: int
+    why: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def flash_attention_installed() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def liger_installed() -> bool:
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def choose_attention(requested: str | None, on_cuda: bool, half: bool, flash: bool) -> tuple[str, str]:
+    """The attention kernel and why: the requested one, else flash-attention where it runs
+    (a CUDA GPU, 16-bit activations, the package installed), else SDPA."""
+    if requested:
+        return requested, "asked for"
+    if on_cuda and half and flash:
+        return FLASH, "auto: CUDA, 16-bit, flash-attn installed"
+    if not on_cuda:
+        return SDPA, "auto: no CUDA GPU"
+    return SDPA, "auto: flash-attn not installed" if not flash else "auto: 32-bit activations (flash-attn needs 16)"
+
+
+def choose_padding_free(requested: bool | None, attention: str) -> tuple[bool, str]:
+    """Padding-free batches where the attention kernel computes each packed sequence alone."""
+    if requested is not None:
+        return requested, "asked for"
+    if attention == FLASH:
+        return True, "auto: flash attention runs each packed sequence alone"
+    return False, f"auto: off with {attention} (a flattened batch would attend over the whole row's mask)"
+
+
+def choose_liger(requested: bool | None, on_cuda: bool, installed: bool) -> tuple[bool, str]:
+    """Liger's fused RMSNorm / RoPE / SwiGLU kernels (Triton: CUDA only), when installed."""
+    if requested is not None:
+        if requested and not installed:
+            raise RuntimeError("use_liger_kernel=True, but liger-kernel is not installed (pip install liger-kernel)")
+        return requested, "asked for"
+    if on_cuda and installed:
+        return True, "auto: CUDA, liger-kernel installed"
+    return False, "auto: no CUDA GPU" if not on_cuda else "auto: liger-kernel not installed"
+
+
+def activation_bytes_per_token(config: Any, checkpointing: bool, dtype_bytes: int = 2) -> int:
+    """An upper estimate of the activation memory one trained token needs at the step's peak.
+
+    With checkpointing, each layer keeps its input (h) and one layer at a time holds its whole
+    activations during recomputation; without it every layer holds them. A layer's activations
+    are ~(16 h + 6 i) values per token: the norms, q/k/v/o, the attention output and the MLP's
+    gate, up and product. The head's logits are chunked by TRL's fused head and left out."""
+    h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    per_layer = 16 * h + 6 * i
+    values = layers * h + per_layer if checkpointing else layers * per_layer
+    return values * dtype_bytes
+
+
+def choose_batch(batch: int, accumulation: int, longest: int, free_bytes: int | None, per_token: int,
+                 headroom: float = 0.6, minimum: int = 1) -> tuple[int, int, str]:
+    """(micro-batch, accumulation steps, why): the largest micro-batch up to the effective batch
+    (batch x accumulation) whose longest sequences fit in `headroom` of the free memory, with
+    the accumulation steps that keep the effective batch, and never below `minimum` (KTO's KL
+    estimate pairs sequences within a micro-batch). No free-memory figure: as given."""
+    if free_bytes is None:
+        return batch, accumulation, "as configured (no CUDA memory figure)"
+    effective = batch * accumulation
+    fits = int(free_bytes * headroom // max(1, longest * per_token))
+    chosen = max(minimum, min(effective, fits))
+    steps = math.ceil(effective / chosen)
+    return chosen, steps, (f"from free memory: {free_bytes / 2**30:.1f} GiB free, ~{per_token / 2**10:.0f} KiB per "
+                           f"token, sequences up to {longest} tokens: {fits} fit; effective batch {effective} kept as "
+                           f"{chosen} x {steps}")
+
+
+def choose_kernels(args: Any, model_config: Any, longest: int, padding_free: bool | None,
+                   min_batch: int = 1) -> KernelChoice:
+    """Decide every choice for a run with training arguments `args` (an RFT or KTO config) on
+    a model with `model_config`, whose longest sequence has `longest` tokens."""
+    import torch
+
+    on_cuda = torch.cuda.is_available() and not getattr(args, "use_cpu", False)
+    half = bool(args.bf16 or args.fp16)
+    attention, why_attention = choose_attention(getattr(args, "attn_implementation", None), on_cuda, half,
+                                                flash_attention_installed())
+    packed, why_packed = choose_padding_free(padding_free, attention)
+    liger, why_liger = choose_liger(args.use_liger_kernel, on_cuda, liger_installed())
+    free = None
+    if on_cuda and getattr(args, "auto_batch_size", False):
+        free = torch.cuda.mem_get_info()[0]
+    checkpointing = bool(getattr(args, "gradient_checkpointing", False))
+    batch, steps, why_batch = choose_batch(args.per_device_train_batch_size, args.gradient_accumulation_steps,
+                                           longest, free, activation_bytes_per_token(model_config, checkpointing),
+                                           minimum=min_batch)
+    return KernelChoice(attention, packed, liger, batch, steps,
+                        {"attention": why_attention, "padding_free": why_packed, "liger": why_liger,
+                         "batch_size": why_batch})
+
+
+def use_kernels(model: Any, args: Any, longest: int, padding_free: bool | None = None,
+                min_batch: int = 1) -> KernelChoice:
+    """Choose, then set the choices on `model` and on `args` before the trainer is built, and log
+    them. TRL's own padding-free flag is cleared: it refuses a custom collator, and ours (which
+    counts tokens) flattens the batch itself when `choice.padding_free`."""
+    choice = choose_kernels(args, model.config, longest, padding_free, min_batch)
+    if getattr(model.config, "_attn_implementation", None) != choice.attention:
+        model.set_attn_implementation(choice.attention)
+    args.per_device_train_batch_size = choice.batch_size
+    args.gradient_accumulation_steps = choice.accumulation
+    args.use_liger_kernel = choice.liger
+    if hasattr(args, "padding_free"):
+        args.padding_free = False
+    for what, why in choice.why.items():
+        logger.info("%s: %s", what.replace("_", " "), why)
+    return choice
