@@ -1,0 +1,200 @@
+"""The training path a GPU takes, exercised on a CPU: the kernels chosen for the device,
+padding-free batches, the study's recipe under gradient checkpointing, the adapter vLLM
+serves, the GPU benchmark and the Qwen3-8B recipe's script, both in miniature.
+
+Models are random-initialised (`toolself.train.shapes`), with the default model's tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+pytest.importorskip("peft")
+
+from toolself.train import kernels as K  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from toolself.models.local import MissingWeightsError
+    from toolself.train.shapes import random_model_dir
+
+    try:
+        return random_model_dir("tiny", tmp_path_factory.mktemp("tiny") / "model")
+    except MissingWeightsError as exc:  # the tokenizer is the default model's
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def sft(tiny):
+    from transformers import AutoTokenizer
+
+    from toolself.evals.runner import default_pool
+    from toolself.evals.teacher import scored_attempts
+    from toolself.train import data as D
+
+    pool = default_pool()
+    attempts = scored_attempts("builtin:research?hops=2", limit=2, noises=(0.0,), pool=pool)
+    dataset, _ = D.build_sft_dataset(attempts, D.Renderer(AutoTokenizer.from_pretrained(str(tiny)),
+                                                          D.tool_schemas(pool)), max_length=256)
+    lengths = sorted(range(len(dataset)), key=lambda i: len(dataset[i]["input_ids"]))
+    return dataset.select([lengths[0], lengths[-1]])  # two sequences of different lengths: padding matters
+
+
+def rft_config(out, **overrides):
+    from toolself.train.rft_config import RFTConfig
+
+    settings = dict(output_dir=str(out), max_steps=2, num_train_epochs=2, per_device_train_batch_size=2,
+                    gradient_accumulation_steps=1, learning_rate=1e-2, warmup_steps=0, lr_scheduler_type="constant",
+                    compile_layers=False, bf16=False, disable_tqdm=True, lora_layers=2)
+    return RFTConfig(**{**settings, **overrides})
+
+
+def logged_losses(log_path) -> list[float]:
+    return [r["loss"] for r in map(json.loads, open(log_path)) if r.get("event") == "log" and "loss" in r]
+
+
+def test_flash_attention_is_chosen_where_it_runs_and_sdpa_elsewhere():
+    assert K.choose_attention(None, on_cuda=True, half=True, flash=True)[0] == K.FLASH
+    assert K.choose_attention(None, on_cuda=True, half=True, flash=False) == (K.SDPA, "auto: flash-attn not installed")
+    assert K.choose_attention(None, on_cuda=True, half=False, flash=True)[0] == K.SDPA
+    assert K.choose_attention(None, on_cuda=False, half=True, flash=True) == (K.SDPA, "auto: no CUDA GPU")
+    assert K.choose_attention("eager", on_cuda=True, half=True, flash=True) == ("eager", "asked for")
+
+
+def test_padding_free_follows_the_attention_kernel_unless_asked():
+    assert K.choose_padding_free(None, K.FLASH)[0] is True
+    assert K.choose_padding_free(None, K.SDPA)[0] is False
+    assert K.choose_padding_free(True, K.SDPA) == (True, "asked for")
+
+
+def test_liger_is_used_on_cuda_when_installed_and_refused_when_asked_for_but_missing():
+    assert K.choose_liger(None, on_cuda=True, installed=True)[0] is True
+    assert K.choose_liger(None, on_cuda=False, installed=True)[0] is False
+    assert K.choose_liger(None, on_cuda=True, installed=False) == (False, "auto: liger-kernel not installed")
+    with pytest.raises(RuntimeError, match="not installed"):
+        K.choose_liger(True, on_cuda=True, installed=False)
+
+
+def test_the_micro_batch_grows_into_free_memory_and_the_effective_batch_stays():
+    per_token = K.activation_bytes_per_token(SimpleNamespace(hidden_size=4096, intermediate_size=12288,
+                                                             num_hidden_layers=36), checkpointing=True)
+    batch, steps, why = K.choose_batch(2, 4, longest=4096, free_bytes=100 * 2**30, per_token=per_token)
+    assert (batch, steps) == (8, 1) and "effective batch 8 kept as 8 x 1" in why
+    assert K.choose_batch(2, 4, longest=16384, free_bytes=2 * 2**30, per_token=per_token)[:2] == (1, 8)
+    assert K.choose_batch(2, 4, longest=16384, free_bytes=2 * 2**30, per_token=per_token, minimum=2)[:2] == (2, 4)
+    assert K.choose_batch(2, 4, longest=4096, free_bytes=None, per_token=per_token)[:2] == (2, 4)
+
+
+def test_checkpointing_needs_far_less_activation_memory_per_token():
+    shape = SimpleNamespace(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36)
+    assert K.activation_bytes_per_token(shape, True) * 10 < K.activation_bytes_per_token(shape, False)
+
+
+def test_padding_free_batches_give_the_padded_batches_loss_and_gradients(tiny, sft):
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from toolself.train.lora import LoraArguments
+
+    examples = [{"input_ids": e["input_ids"], "labels": e["labels"]} for e in sft]
+    results = []
+    for padding_free in (False, True):
+        torch.manual_seed(0)
+        base = AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.float32, attn_implementation="sdpa")
+        model = get_peft_model(base, LoraArguments(lora_layers=2).peft_config(base))
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.02)
+        batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=padding_free)(examples)
+        assert ("attention_mask" in batch) is not padding_free
+        loss = model(**batch, use_cache=False).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}))
+    (padded, padded_grads), (flat, flat_grads) = results
+    torch.testing.assert_close(flat, padded, rtol=1e-4, atol=1e-5)
+    for name, grad in padded_grads.items():
+        torch.testing.assert_close(flat_grads[name], grad, rtol=1e-3, atol=1e-6, msg=name)
+
+
+def test_the_studys_recipe_trains_under_gradient_checkpointing_and_its_cache_changes_no_loss(tmp_path, tiny, sft):
+    from toolself.train.rft import train_rft
+
+    runs = {}
+    for cache in (True, False):
+        # in order, so that the second epoch's batch is the first's: the cache keys whole batches
+        config = rft_config(tmp_path / f"ck-{cache}", gradient_checkpointing=True, cache_frozen_layers=cache,
+                            train_sampling_strategy="sequential")
+        runs[cache] = train_rft(sft, tiny, tmp_path / f"rft-{cache}", config)
+    assert runs[True].extra["frozen_layer_cache"]["hits"] >= 1  # the second epoch replayed the frozen layers
+    assert "frozen_layer_cache" not in runs[False].extra
+    assert logged_losses(runs[True].log) == pytest.approx(logged_losses(runs[False].log), rel=1e-5)
+
+
+def test_padding_free_rft_logs_the_losses_padded_rft_logs(tmp_path, tiny, sft):
+    from toolself.train.rft import train_rft
+
+    runs = {packed: train_rft(sft, tiny, tmp_path / f"rft-{packed}",
+                              rft_config(tmp_path / f"ck-{packed}", padding_free=packed, gradient_checkpointing=False))
+            for packed in (False, True)}
+    assert runs[True].extra["kernels"]["padding_free"] and not runs[False].extra["kernels"]["padding_free"]
+    assert runs[True].tokens == runs[False].tokens == sum(len(ids) for ids in sft["input_ids"]) * 2
+    assert logged_losses(runs[True].log) == pytest.approx(logged_losses(runs[False].log), rel=1e-4)
+
+
+def test_the_rft_adapter_has_the_files_and_fields_vllm_enable_lora_loads(tmp_path, tiny, sft):
+    from safetensors import safe_open
+
+    from toolself.train.rft import train_rft
+
+    result = train_rft(sft, tiny, tmp_path / "rft", rft_config(tmp_path / "ck", max_steps=1))
+    adapter = Path(result.output_dir)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 16 and config["lora_alpha"] == 32
+    assert set(config["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                            "down_proj"}
+    assert Path(config["base_model_name_or_path"]).resolve() == Path(tiny).resolve()
+    with safe_open(str(adapter / "adapter_model.safetensors"), "pt") as weights:
+        names = list(weights.keys())
+    # vLLM maps `base_model.model.<module>.lora_A.weight` / `lora_B.weight` onto the served model's modules
+    assert names and all(n.startswith("base_model.model.model.layers.") and n.endswith((".lora_A.weight",
+                                                                                      ".lora_B.weight"))
+                         for n in names)
+    assert {int(n.split(".layers.")[1].split(".")[0]) for n in names} == {2, 3}  # lora_layers=2 of 4
+
+
+def test_the_gpu_benchmark_runs_in_miniature_on_a_cpu(tmp_path, tiny):
+    command = [sys.executable, str(ROOT / "benchmarks" / "train_gpu.py"), "--shape", "tiny", "--steps", "1",
+               "--limit", "1", "--max-length", "384", "--accumulation", "1", "--decode-tokens", "8",
+               "--compile-layers", "off", "--out", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=170, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout[done.stdout.index("{\n"):])
+    for stage in ("rft", "kto"):
+        assert report[stage]["tokens_per_second"] > 0 and 0 < report[stage]["mfu"] < 1
+        assert report[stage]["kernels"]["attention"] == "sdpa"
+    assert report["decoding"]["concurrent_8"]["generated_tokens"] == 8 * 8
+    assert report["device"]["device"] == "cpu" and "torch" in report["versions"]
+
+
+@pytest.mark.slow
+def test_the_qwen3_recipe_script_runs_end_to_end_in_miniature(tmp_path, tiny):
+    env = {**os.environ, "CAT_MINIATURE": "1", "MODEL": str(tiny), "OUT": str(tmp_path / "run")}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "cat-qwen3.sh")], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT, env=env)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    assert all(step["done"] for step in state["steps"].values()) and "evaluate" in state["steps"]
+    assert state["settings"]["temperature"] > 0
