@@ -11,6 +11,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from toolself.cli_options import ToolOptions, default_web_cache, tool_options
+from toolself.evals.preflight import check_free_task
 from toolself.models.local import DTYPE_HELP
 
 app = typer.Typer(help="Agents that reconfigure themselves at run time (ToolSelf), and CAT training.",
@@ -50,17 +52,13 @@ def _fail(message: str) -> None:
 
 
 @app.command()
+@tool_options
 def run(
     task: str = typer.Argument(..., help="The task, in words."),
     model: str = typer.Option("embedded", "--model", "-m", help="embedded | local:PATH | openai:NAME@URL"),
     method: str = typer.Option("toolself", help="toolself | vanilla | static:NAME | decoupled (see `toolself methods`)."),
     freeze: list[str] = typer.Option([], help="Ablation: hold a dimension fixed (subgoal, strategy, toolbox, knowledge, mode)."),
     config_model: Optional[str] = typer.Option(None, help="For `decoupled`: the model that writes configurations."),
-    docs: Optional[Path] = typer.Option(None, help="A folder or JSONL of documents for search and visit."),
-    tools: Optional[str] = typer.Option(None, help="Comma-separated built-in tools for the pool (default: all)."),
-    mcp: list[str] = typer.Option([], help="An MCP server whose tools join the pool: NAME=COMMAND or NAME=URL."),
-    user_tools: list[str] = typer.Option([], help="A Python file or module whose @tool functions join the pool."),
-    tools_config: Optional[Path] = typer.Option(None, help="A tools config file (include, user tools, MCP servers)."),
     workspace: Optional[Path] = typer.Option(None, help="Working folder for file tools (default: a temporary one)."),
     out: Path = typer.Option(Path("runs/trajectories.jsonl"), help="Append the trajectory to this JSONL file."),
     max_stages: int = typer.Option(6, help="Most stages in the attempt."),
@@ -71,6 +69,7 @@ def run(
     temperature: float = typer.Option(0.0, help="0 for greedy decoding."),
     seed: int = typer.Option(0, help="Sampling seed."),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    tool_options: ToolOptions = ToolOptions(),
 ) -> None:
     """Run one attempt at TASK, showing each stage as it happens."""
     from toolself.agent import Agent
@@ -78,7 +77,6 @@ def run(
     from toolself.models import load_model
     from toolself.progress import RichObserver
     from toolself.tools.base import ToolContext
-    from toolself.tools.registry import default_pool
     from toolself.trajectory import write_jsonl
     from toolself.variants import settings_for
 
@@ -91,20 +89,24 @@ def run(
                                 max_tokens_per_call=defaults.max_tokens_per_call)
     except ValueError as exc:
         _fail(str(exc))
-    if docs is not None and not docs.exists():
-        _fail(f"--docs {docs} does not exist")
+    tool_options = tool_options.with_cache(default_web_cache())
     try:
-        pool = default_pool(include=tools.split(",") if tools else None, mcp_servers=mcp or None,
-                            user_tools=user_tools or None, config=tools_config)
+        pool = tool_options.pool()
     except Exception as exc:
         _fail(f"building the tool pool: {exc}")
+    try:
+        for warning in check_free_task(tool_options, pool):
+            console.print(f"warning: {warning}", highlight=False)
+    except ValueError as exc:
+        pool.close()
+        _fail(str(exc))
     with console.status(f"loading {model} ..."):
         try:
             policy = load_model(model, **model_options(model, temperature, seed, dtype))
             writer = load_model(config_model) if config_model else None
         except (ValueError, FileNotFoundError, ImportError) as exc:
             _fail(str(exc))
-        collection = _collection(docs)
+        collection = tool_options.collection()
     if workspace is not None:
         workspace.mkdir(parents=True, exist_ok=True)
         ctx = ToolContext(workspace=workspace.resolve(), collection=collection, model=policy)
@@ -119,14 +121,6 @@ def run(
     write_jsonl(out, [trajectory])
     console.print(f"[bold]answer:[/bold] {trajectory.answer!r}")
     console.print(f"trajectory written to {out}")
-
-
-def _collection(docs: Path | None):
-    if docs is None:
-        return None
-    from toolself.tools.collection import Collection
-
-    return Collection.from_path(docs)
 
 
 @app.command()

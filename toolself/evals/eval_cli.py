@@ -13,6 +13,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from toolself.cli_options import ToolOptions, tool_options
+from toolself.evals.preflight import CheckingLoader, Provided
 from toolself.models.local import DTYPE_HELP
 
 console = Console()
@@ -43,6 +45,7 @@ def backend_option(backend: str, address: str | None = None, ray_cpus: float = 1
     raise ValueError(f"unknown backend {backend!r}; expected local or ray")
 
 
+@tool_options
 def eval_command(
     tasks: list[str] = typer.Option(..., "--tasks", "-t", help="Dataset specs, comma-separated or repeated: "
                                     "builtin:research, gaia:PATH, frames:PATH, swebench:PATH, jsonl:PATH, ..."),
@@ -50,7 +53,6 @@ def eval_command(
     model: str = typer.Option("embedded", "--model", "-m", help="embedded | local:PATH | openai:NAME@URL | expert; "
                               "several servers of one model: openai:NAME@URL1,URL2 (URL#N: at most N in flight there)"),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder; rerunning the same command resumes it."),
-    judge: Optional[str] = typer.Option(None, help="LLM judge for FRAMES / xbench answers: openai:NAME@URL."),
     config_model: Optional[str] = typer.Option(None, help="For `decoupled`: the model that writes configurations."),
     concurrency: int = typer.Option(4, help="Attempts in flight at once."),
     timeout: float = typer.Option(600.0, help="Wall-clock limit per attempt, in seconds."),
@@ -71,8 +73,10 @@ def eval_command(
     backend: str = typer.Option("local", help="Where attempts run: local (threads here) | ray (Ray tasks)."),
     address: Optional[str] = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001); default: a local one."),
     ray_cpus: float = typer.Option(1.0, help="Ray CPUs each attempt holds (fractions let I/O-bound attempts share cores)."),
+    tool_options: ToolOptions = ToolOptions(),
 ) -> None:
-    """Run methods on datasets; resumable, with per-attempt timeouts and a live progress line."""
+    """Run methods on datasets; resumable, with per-attempt timeouts and a live progress line.
+    Every task's needs (web search, page reading, a judge, ...) are checked before any work."""
     from toolself.evals.records import atomic_write_text
     from toolself.evals.report import markdown_accuracy, write_report
     from toolself.evals.runner import RunInProgress, SettingsMismatch, model_options, run_eval
@@ -86,16 +90,28 @@ def eval_command(
     if context_budget is not None:
         settings["context_budget"] = context_budget
     options = model_options(model, temperature, seed, dtype)
+    tool_options = tool_options.with_cache(out / "web_cache")
+    try:
+        pool = tool_options.pool()
+    except Exception as exc:
+        _fail(f"building the tool pool: {exc}")
+    loader = CheckingLoader(Provided.of(pool, tool_options.web, tool_options.judge), tool_options.allow_missing)
     try:
         runner_backend = backend_option(backend, address, ray_cpus)
         summary = run_eval(specs, names, model, out, concurrency=concurrency, timeout=timeout or None, grace=grace,
-                           limit=limit, repeats=repeats, judge=judge, freeze=tuple(freeze), config_model=config_model,
-                           split=split, seed=seed, force=force, settings=settings,
-                           model_options=options, backend=runner_backend)
+                           limit=limit, repeats=repeats, judge=tool_options.judge, freeze=tuple(freeze),
+                           config_model=config_model, split=split, seed=seed, force=force, settings=settings,
+                           model_options=options, backend=runner_backend, pool=pool, loader=loader)
     except (SettingsMismatch, RunInProgress) as exc:
         _fail(str(exc))
     except (ValueError, FileNotFoundError, ImportError) as exc:
         _fail(str(exc))
+    finally:
+        pool.close()
+    for warning in loader.warnings:
+        console.print(f"warning: {warning}", highlight=False, markup=False)
+    if loader.warnings:
+        atomic_write_text(out / "preflight.json", json.dumps({"warnings": loader.warnings}, indent=2) + "\n")
     atomic_write_text(out / "summary.json", json.dumps(summary.to_dict(), indent=2) + "\n")
     status = ", ".join(f"{n} {s}" for s, n in summary.status.items())
     console.print(f"ran {summary.ran} attempts ({status}), skipped {summary.skipped} finished earlier, "

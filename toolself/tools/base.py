@@ -292,6 +292,12 @@ class ToolPool:
     def names(self) -> list[str]:
         return list(self._tools)
 
+    def replace(self, t: Tool) -> None:
+        """Put `t` in the place of the tool of the same name (a built-in bound to a run's settings)."""
+        if t.name not in self._tools:
+            raise KeyError(f"no tool named {t.name!r} in the pool")
+        self._tools[t.name] = t
+
     def subset(self, names: list[str]) -> list[Tool]:
         return [self._tools[n] for n in names if n in self._tools]
 

@@ -89,6 +89,9 @@ def load_user_tools(spec: str) -> list[Tool]:
     return tools
 
 
+CONFIG_KEYS = frozenset({"include", "userTools", "user_tools", "mcpServers", "mcp_servers"})
+
+
 @dataclass
 class ToolsConfig:
     include: list[str] | None = None
@@ -107,6 +110,11 @@ def load_tools_config(path: str | Path) -> ToolsConfig:
         data = tomllib.loads(text)
     else:
         data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a tools config is an object with {sorted(CONFIG_KEYS)}")
+    unknown = sorted(set(data) - CONFIG_KEYS)
+    if unknown:
+        raise ValueError(f"{path}: unknown key {unknown[0]!r} in the tools config; known keys: {sorted(CONFIG_KEYS)}")
     config = ToolsConfig(include=data.get("include"), user_tools=list(data.get("userTools", data.get("user_tools", []))))
     servers = data.get("mcpServers") or data.get("mcp_servers")
     if servers:
