@@ -4,7 +4,9 @@ environments that never leak between attempts."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from toolself.evals.cli import tasks_app
-from toolself.evals.loaders import load_tasks, parse_spec, swebench_test_command, xbench_decrypt, xbench_encrypt
+from toolself.evals.loaders import load_tasks, parse_spec, xbench_decrypt, xbench_encrypt
+from toolself.evals.rules.swebench import SweBenchEnvironmentMissing, swebench_verdict
 from toolself.evals.scorers import score
 from toolself.evals.task import Task
 from toolself.tools.search import search
@@ -40,7 +43,7 @@ def test_frames_sample_gives_prompt_answer_links_and_reasoning_types():
     assert first.answer == "Jane Ballou"
     assert first.metadata["wiki_links"][1] == "https://en.wikipedia.org/wiki/James_Buchanan"
     assert first.metadata["reasoning_types"] == ["Multiple constraints"]
-    assert first.metadata["scorer"] == "judge"
+    assert first.metadata["scorer"] == "frames_judge"
 
 
 def test_the_format_is_inferred_from_the_file_when_unambiguous():
@@ -195,21 +198,32 @@ def test_swebench_sample_decodes_the_json_encoded_test_lists():
     assert [t.id for t in tasks] == ["django__django-15202", "django__django-17087", "sphinx-doc__sphinx-8721"]
     first = tasks[0]
     assert first.metadata["FAIL_TO_PASS"][0] == "test_urlfield_clean_invalid (forms_tests.field_tests.test_urlfield.URLFieldTest)"
-    assert "forms_tests.field_tests.test_urlfield.URLFieldTest.test_urlfield_clean_invalid" in first.check_command
-    assert "{ python -m pytest -q" in tasks[2].check_command and "::test_viewcode_epub_default" in tasks[2].check_command
+    assert first.check_tests["FAIL_TO_PASS"] == first.metadata["FAIL_TO_PASS"] and first.metadata["scorer"] == "swebench"
+    assert "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 forms_tests.field_tests.test_urlfield;" \
+        in first.check_command
+    assert "tox --current-env -epy39 -v -- tests/test_ext_viewcode.py;" in tasks[2].check_command
     assert tasks[2].check_command.startswith("git checkout -q HEAD -- tests/test_ext_viewcode.py && git apply")
     assert tasks[2].check_files[".toolself/test.patch"].startswith("diff --git")
     with pytest.raises(ValueError, match=r"\?repo="):
         first.environment()
 
 
-def test_swebench_test_ids_pick_their_runner():
-    assert swebench_test_command(["a/test_x.py::test_y"]).startswith("python -m pytest")
-    assert "python -m unittest m.C.test_y;" in swebench_test_command(["test_y (m.C)"])
-    assert "python -m unittest m.C.test_y;" in swebench_test_command(["test_y (m.C.test_y)"])
-    # Tests named by a docstring cannot be run one by one: their classes are run instead.
-    assert "python -m unittest m.C;" in swebench_test_command(["test_y (m.C)", "Checks the thing."])
-    assert swebench_test_command(["t1"], "tox -- {tests}") == "tox -- t1"
+def test_a_swebench_instance_without_its_python_environment_is_refused_with_what_it_needs(tmp_path):
+    clone = tmp_path / "django"
+    clone.mkdir()
+    git(clone, "init", "-q")
+    task = load_tasks(f"swebench:{sample('swebench_lite/test_sample.json')}?repo={tmp_path}", limit=1)[0]
+    with pytest.raises(SweBenchEnvironmentMissing, match=r"Python 3\.9, .*envs=DIR"):
+        task.environment(root=tmp_path / "ws")
+
+
+def test_a_swebench_instance_runs_in_the_environment_given_for_it(tmp_path):
+    env = tmp_path / "envs" / "django__django__4.1"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").write_text("")
+    task = load_tasks(f"swebench:{sample('swebench_lite/test_sample.json')}?envs={tmp_path / 'envs'}", limit=1)[0]
+    assert task.metadata["environment"] == str(env) and task.setup.refusal is None
+    assert task.check_command.startswith(f"export PATH={env / 'bin'}:")
 
 
 def git(repo: Path, *args: str) -> str:
@@ -251,28 +265,38 @@ new file mode 100644
 """
 
 
-def test_swebench_environment_holds_the_base_commit_and_the_check_applies_the_test_patch_and_runs_the_tests(tmp_path, tiny_repo):
+def test_swebench_environment_holds_the_base_commit_and_the_log_decides_each_listed_test(tmp_path, tiny_repo):
     repo, base = tiny_repo
     path = tmp_path / "lite.jsonl"
     path.write_text(json.dumps({
         "instance_id": "calc__calc-1", "repo": "calc/calc", "base_commit": base, "problem_statement": "add subtracts",
-        "test_patch": TEST_PATCH, "patch": "", "FAIL_TO_PASS": json.dumps(["test_add (test_add.TestAdd)"]),
-        "PASS_TO_PASS": json.dumps(["test_double (test_calc.TestDouble)"]), "version": "1.0",
+        "test_patch": TEST_PATCH, "patch": "", "FAIL_TO_PASS": json.dumps(["test_add.py::TestAdd::test_add"]),
+        "PASS_TO_PASS": "[]", "version": "1.0",
     }) + "\n")
-    task = load_tasks(f"swebench:{path}?repo={tmp_path}")[0]
+    spec = f"swebench:{path}?repo={tmp_path}&test_cmd=python -m pytest -rA -p no:cacheprovider&log_parser=pytest-dev/pytest"
+    task = load_tasks(spec)[0]
+
+    def check(workspace: Path):
+        for relative, content in task.check_files.items():
+            (workspace / relative).parent.mkdir(parents=True, exist_ok=True)
+            (workspace / relative).write_text(content)
+        log = subprocess.run(["bash", "-c", task.check_command], cwd=workspace, capture_output=True, text=True,
+                             timeout=120, env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+        return swebench_verdict(task, log.stdout + log.stderr)
+
     with task.environment() as env:
         assert (env.workspace / "calc.py").exists() and not (env.workspace / "later.txt").exists()
         assert not (env.workspace / "test_add.py").exists()  # the test patch is the grader's, as officially
         assert git(env.workspace, "log", "--all", "--format=%s") == f"base {base}"  # no later history
         (env.workspace / "test_add.py").write_text("")  # a stand-in for the grader's test is replaced
-        before = score(task, None, env)
+        before = check(env.workspace)
         source = env.workspace / "calc.py"
         source.write_text(source.read_text().replace("a - b", "a + b"))
-        after = score(task, None, env)
+        after = check(env.workspace)
     assert task.check_command.startswith("rm -f -- test_add.py && git apply")
-    assert "python -m unittest test_add.TestAdd.test_add test_calc.TestDouble.test_double; fi" in task.check_command
-    assert not before.correct and "FAILED (failures=1)" in before.details["output"]
-    assert after.correct and "Ran 2 tests" in after.details["output"]
+    assert "python -m pytest -rA -p no:cacheprovider test_add.py;" in task.check_command  # the patch's files only
+    assert not before.correct and before.scorer == "swebench" and "FAIL_TO_PASS 0/1" in before.reason
+    assert after.correct and "FAIL_TO_PASS 1/1, PASS_TO_PASS 0/0" in after.reason
     assert git(repo, "status", "--porcelain") == "" and "later.txt" in git(repo, "ls-files")
 
 

@@ -88,7 +88,7 @@ def test_each_attempt_is_scored_and_recorded_once_per_method(tmp_path):
         records = read_records(tmp_path / "out" / safe_name(method))
         assert sorted(r.task_id for r in records) == ["t0", "t1", "t2", "t3"]
         assert {r.task_id for r in records if r.correct} == {"t0", "t2"}
-        assert all(r.status == "ok" and r.end_reason == "terminate" and r.scorer == "gaia_exact" for r in records)
+        assert all(r.status == "ok" and r.end_reason == "terminate" and r.scorer == "gaia" for r in records)
     assert summary.accuracy()["toolself"]["tasks"]["accuracy"] == 0.5
     assert summary.status == {"ok": 8, "timeout": 0, "error": 0}
 

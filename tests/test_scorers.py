@@ -1,5 +1,5 @@
-"""Scorers: GAIA's normalised exact match, an LLM judge over a real HTTP endpoint on loopback,
-and test execution in the attempt's workspace."""
+"""Scorers: the dispatch to each benchmark's rules, an LLM judge over a real HTTP endpoint on
+loopback, and test execution in the attempt's workspace."""
 
 from __future__ import annotations
 
@@ -13,39 +13,21 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from http_fixtures import running_server
-from toolself.evals.scorers import LLMJudge, Score, gaia_match, judge_prompt, parse_verdict, score
+from toolself.evals.scorers import LLMJudge, Score, judge_prompt, parse_verdict, score
 from toolself.evals.task import Task
 from toolself.models.openai_compat import OpenAIModel
 
 
-@pytest.mark.parametrize("prediction, reference, expected", [
-    ("$1,000", "1000", True),          # $ and commas removed before comparing numbers
-    ("17%", "17", True),
-    ("3.50", "3.5", True),             # numbers compared as numbers
-    ("17 km", "17", True),             # a trailing unit is dropped
-    ("seventeen", "17", False),
-    ("18", "17", False),
-    ("The Eiffel Tower!", "the eiffel tower", True),  # case, spaces and punctuation ignored
-    ("Paris", "London", False),
-    ("hydrogen; Oxygen", "hydrogen, oxygen", True),   # lists split on , or ; element by element
-    ("oxygen, hydrogen", "hydrogen, oxygen", False),  # order matters
-    ("hydrogen", "hydrogen, oxygen", False),          # lengths differ
-    ("1, 2.0, $3", "1, 2, 3", True),                  # numeric list items compared as numbers
-    (None, "17", False),
-])
-def test_gaia_normalised_exact_match(prediction, reference, expected):
-    assert gaia_match(prediction, reference)[0] is expected
+def test_an_answer_is_scored_by_the_rules_its_task_names():
+    gaia = score(Task(id="t", question="q", answer="42"), "42.0")
+    hotpot = score(Task(id="t", question="q", answer="the Beatles", metadata={"scorer": "hotpotqa_em"}), "Beatles")
+    assert gaia == Score(True, "gaia", gaia.reason, gaia.details) and "42" in gaia.reason
+    assert hotpot.correct and hotpot.scorer == "hotpotqa_em" and hotpot.metrics == {"em": 1.0, "f1": 1.0}
 
 
-def test_gaia_match_says_why():
-    ok, why = gaia_match("oxygen, hydrogen", "hydrogen, oxygen")
-    assert not ok and "item 1" in why
-
-
-def test_exact_score_names_its_scorer_and_reason():
-    result = score(Task(id="t", question="q", answer="42"), "42.0")
-    assert result == Score(True, "gaia_exact", result.reason, result.details)
-    assert "42" in result.reason
+def test_an_unknown_scorer_is_an_error_not_a_silent_default():
+    with pytest.raises(ValueError, match="unknown scorer 'gaia_exact'"):
+        score(Task(id="t", question="q", answer="1", metadata={"scorer": "gaia_exact"}), "1")
 
 
 def test_task_without_reference_or_check_is_never_correct():
@@ -113,7 +95,6 @@ def test_judge_over_an_openai_compatible_endpoint(tmp_path):
         wrong = score(FRAMES_LIKE, "Le Corbusier", judge=judge)
     assert right.correct and right.scorer == "llm_judge" and "CORRECT" in right.reason
     assert not wrong.correct and wrong.scorer == "llm_judge"
-    assert "exact_match" in right.details
 
 
 def test_judge_verdicts_are_cached_on_disk(tmp_path):
@@ -135,17 +116,25 @@ def test_an_unparsable_verdict_is_incorrect_and_not_cached(tmp_path):
     assert server.requests == 2 * judge.attempts
 
 
-def test_exact_match_decides_before_the_judge_is_asked(tmp_path):
+def test_the_judge_decides_even_an_exact_match(tmp_path):
     server = FakeJudgeServer()
     with running_server(server.app) as url:
         result = score(FRAMES_LIKE, "gustave eiffel", judge=judge_for(url, tmp_path))
-    assert result.correct and result.scorer == "gaia_exact" and server.requests == 0
+    assert result.correct and result.scorer == "llm_judge" and server.requests == 1
 
 
-def test_a_judge_task_without_a_judge_falls_back_to_exact_match_and_says_so():
-    result = score(FRAMES_LIKE, "Eiffel")
-    assert result.scorer == "gaia_exact" and not result.correct
-    assert "no" in result.details["note"] and "judge" in result.details["note"]
+def test_a_blank_answer_is_wrong_without_asking_the_judge_even_when_the_reference_is_punctuation(tmp_path):
+    dashes = Task(id="f2", question="q", answer="-----", metadata={"scorer": "judge"})
+    server = FakeJudgeServer()
+    with running_server(server.app) as url:
+        results = [score(dashes, answer, judge=judge_for(url, tmp_path)) for answer in ("", "-----", "?", "  ")]
+    assert not any(r.correct for r in results) and server.requests == 0
+
+
+def test_a_judge_task_without_a_judge_falls_back_to_a_named_exact_match():
+    wrong, right = score(FRAMES_LIKE, "Eiffel"), score(FRAMES_LIKE, "gustave  EIFFEL")
+    assert wrong.scorer == right.scorer == "exact_fallback" and right.correct and not wrong.correct
+    assert "no judge configured" in wrong.reason
 
 
 def check_task(command: str, timeout: float = 30.0) -> Task:

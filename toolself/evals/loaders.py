@@ -4,8 +4,9 @@
     gaia:PATH        metadata.jsonl / .parquet (or its folder); attachments resolved next to it
     frames:PATH      the FRAMES TSV / CSV / JSON(L)
     xbench:PATH      the official xbench-DeepSearch CSV; fields decrypted with each row's canary
-    swebench:PATH[?repo=CLONE]   SWE-bench (Lite) JSON / JSONL / parquet: the workspace holds the clone's
-                     tree at base_commit; the check applies test_patch, then runs FAIL_TO_PASS + PASS_TO_PASS
+    swebench:PATH[?repo=CLONE&envs=DIR]   SWE-bench (Lite) JSON / JSONL / parquet: the workspace holds the
+                     clone's tree at base_commit; the check applies test_patch and runs the repository's
+                     test command over the files it touches (see toolself.evals.rules.swebench)
     hotpotqa:PATH    HotpotQA (original JSON or the processed JSONL); paragraphs become the collection
     gsm8k:PATH       GSM8K JSONL; the answer is what follows `####`
     jsonl:PATH       plain JSONL with `question` and `answer` (optional: id, level, split, files next
@@ -17,9 +18,14 @@ row is skipped and reported with its file and line; the count is printed and kep
 returned list (`LoadedTasks.skipped`), never hidden.
 
 Options common to file loaders: `collection=PATH` (a folder or JSONL the tasks' `search` reads),
-`shuffle=1` (shuffle with the seed before `limit`), and per format: gaia `level=N`,
-`text_only=1` (GAIA(WS): rows without attachments); swebench `repo=PATH` (a clone, or a folder of
-clones named `owner__name` or `name`) and `test_cmd=...` (a template with `{tests}`).
+`shuffle=1` (shuffle with the seed before `limit`), `scorer=NAME` (one of
+`toolself.evals.rules.SCORERS`, e.g. the opt-in `gaia_lenient` or `gsm8k_strict`), and per
+format: gaia `level=N`, `text_only=1` (GAIA(WS): rows without attachments); swebench `repo=PATH`
+(a clone, or a folder of clones named `owner__name` or `name`), `envs=DIR` (each instance's Python
+environment, `DIR/<instance_id>` or `DIR/<owner>__<name>__<version>`), and for repositories
+without an official spec `test_cmd=...` (the test files are appended) and `log_parser=REPO`.
+
+Each loader names the scorer of its benchmark's rules in `metadata["scorer"]`.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from urllib.parse import parse_qsl
 from rich.console import Console
 from rich.markup import escape
 
+from toolself.evals.rules.swebench import (TEST_PATCH_FILE, SweBenchEnvironmentMissing, environment_name,
+                                           instance_spec, require_environment, swebench_check_command)
 from toolself.evals.task import Task
 
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
@@ -112,6 +120,14 @@ def load_tasks(spec: str, split: str | None = None, limit: int | None = None, se
         for task in tasks:
             if task.documents is None:
                 task.collection_path = collection
+    if parsed.options.get("scorer"):
+        from toolself.evals.rules import SCORERS
+
+        if parsed.options["scorer"] not in SCORERS:
+            raise ValueError(f"{spec}: unknown scorer {parsed.options['scorer']!r} (known: {', '.join(SCORERS)})")
+        for task in tasks:
+            if not task.check_command:
+                task.metadata["scorer"] = parsed.options["scorer"]
     if _flag(parsed.options, "shuffle"):
         random.Random(seed).shuffle(tasks)
     if limit is not None:
@@ -258,7 +274,7 @@ def load_gaia(path: Path, split: str | None, options: dict[str, str], skipped: l
         text = question
         if file_name:
             text += f"\n\nThe attached file is in your workspace: {file_name}"
-        metadata = {"annotator": record.get("Annotator Metadata"), "file_name": file_name or None}
+        metadata = {"annotator": record.get("Annotator Metadata"), "file_name": file_name or None, "scorer": "gaia"}
         return Task(id=str(task_id), question=text, answer=None if answer == "?" else answer,
                     level=record.get("Level"), family="gaia", split=split_name, metadata=metadata, files=files)
 
@@ -294,7 +310,7 @@ def load_frames(path: Path, split: str | None, options: dict[str, str], skipped:
         return Task(id=f"frames-{index}", question=str(prompt).strip(), answer=str(answer).strip(),
                     family="frames", split=split_name,
                     metadata={"wiki_links": links, "reasoning_types": [r.strip() for r in str(reasoning).split("|") if r.strip()],
-                              "scorer": "judge"})
+                              "scorer": "frames_judge"})
 
     return _each(path, skipped, make)
 
@@ -328,7 +344,7 @@ def load_xbench(path: Path, split: str | None, options: dict[str, str], skipped:
         except (ValueError, UnicodeDecodeError) as exc:
             raise RowError(f"cannot decrypt with the row's canary ({exc})") from None
         return Task(id=f"xbench-{row_id}", question=question.strip(), answer=reference.strip(), family="xbench",
-                    split=split_name, metadata={"reference_steps": steps, "scorer": "judge"})
+                    split=split_name, metadata={"reference_steps": steps, "scorer": "xbench_judge"})
 
     return _each(path, skipped, make)
 
@@ -347,30 +363,6 @@ def _test_list(value: Any, name: str) -> list[str]:
     return [str(v) for v in parsed]
 
 
-def swebench_test_command(tests: list[str], template: str | None = None) -> str:
-    """A shell command running these SWE-bench test ids, picking the runner from their shape:
-    pytest node ids (`path::name`), Django-style `name (module.Class)`, or bare names."""
-    if template:
-        return template.replace("{tests}", " ".join(shlex.quote(t) for t in tests))
-    if all("::" in t or t.endswith(".py") for t in tests):
-        return "python -m pytest -q -p no:cacheprovider " + " ".join(shlex.quote(t) for t in tests)
-    dotted, unreadable = [], 0
-    for t in tests:
-        match = re.match(r"^(\w+) \(([\w.]+)\)$", t.strip())
-        if match is None:
-            unreadable += 1  # Django lists some tests by their docstring's first line
-            continue
-        name, owner = match.groups()
-        dotted.append(owner if owner.endswith("." + name) else f"{owner}.{name}")
-    if dotted:
-        if unreadable:  # cannot name those tests: run the classes the readable ones belong to
-            dotted = list(dict.fromkeys(d.rsplit(".", 1)[0] for d in dotted))
-        names = " ".join(shlex.quote(d) for d in dotted)
-        return (f"if [ -f tests/runtests.py ]; then python tests/runtests.py --verbosity 1 {names}; "
-                f"else python -m unittest {names}; fi")
-    return "python -m pytest -q -p no:cacheprovider -k " + shlex.quote(" or ".join(tests))
-
-
 @dataclass
 class SweBenchSetup:
     """Puts the tree of `base_commit` of a local clone into the workspace as a fresh one-commit
@@ -384,10 +376,13 @@ class SweBenchSetup:
     clone: Path | None
     base_commit: str
     instance_id: str
+    refusal: str | None = None
 
     def __call__(self, workspace: Path) -> None:
         if self.clone is None:
             raise ValueError(f"{self.instance_id}: SWE-bench tasks need a local clone: add ?repo=PATH to the spec")
+        if self.refusal:
+            raise SweBenchEnvironmentMissing(self.refusal)
 
         def run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
             result = subprocess.run(args, cwd=workspace, capture_output=True, **kwargs)
@@ -409,23 +404,6 @@ class SweBenchSetup:
         run(["git", *identity, "commit", "-q", "--no-verify", "-m", f"base {self.base_commit}"])
 
 
-TEST_PATCH_FILE = ".toolself/test.patch"
-
-
-def swebench_check_command(test_patch: str, tests: list[str], template: str | None = None) -> str:
-    """Restore the files the test patch touches, apply it, then run the tests (the official
-    harness's order, so that an attempt cannot pass by editing the tests)."""
-    restore = []
-    for match in re.finditer(r"^diff --git a/(\S+) b/(\S+)\n((?:(?!diff --git).*\n)*)", test_patch, re.MULTILINE):
-        path, header = match.group(2), match.group(3)
-        if re.search(r"^new file mode", header, re.MULTILINE):
-            restore.append(f"rm -f -- {shlex.quote(path)}")
-        else:
-            restore.append(f"git checkout -q HEAD -- {shlex.quote(path)}")
-    steps = restore + [f"git apply --whitespace=nowarn {TEST_PATCH_FILE}"]
-    return " && ".join(steps) + f" && {{ {swebench_test_command(tests, template)}; }}"
-
-
 def _find_clone(root: Path | None, repo: str) -> Path | None:
     if root is None:
         return None
@@ -438,12 +416,23 @@ def _find_clone(root: Path | None, repo: str) -> Path | None:
     return None
 
 
+def _find_environment(envs: Path | None, instance_id: str, repo: str, version: str | None) -> Path | None:
+    if envs is None:
+        return None
+    for candidate in (envs / instance_id, envs / environment_name(repo, version)):
+        if (candidate / "bin" / "python").exists():
+            return candidate
+    return None
+
+
 def load_swebench(path: Path, split: str | None, options: dict[str, str], skipped: list[SkippedRow]) -> list[Task]:
     split_name = _split_name(path, split)
     root = Path(options["repo"]).expanduser().resolve() if options.get("repo") else None
     if root is not None and not root.exists():
         raise FileNotFoundError(f"{path}: no clone at {root}")
-    template = options.get("test_cmd")
+    envs = Path(options["envs"]).expanduser().resolve() if options.get("envs") else None
+    if envs is not None and not envs.is_dir():
+        raise FileNotFoundError(f"{path}: no environments folder at {envs}")
 
     def make(line: int, record: dict[str, Any]) -> Task:
         instance_id, repo, base_commit, problem = _require(record, "instance_id", "repo", "base_commit", "problem_statement")
@@ -457,15 +446,28 @@ def load_swebench(path: Path, split: str | None, options: dict[str, str], skippe
         clone = _find_clone(root, str(repo))
         if root is not None and clone is None:
             raise RowError(f"no clone of {repo} under {root}")
+        version = None if record.get("version") is None else str(record["version"])
+        if instance_spec(str(repo), version) is None and not options.get("test_cmd"):
+            raise RowError(f"no official SWE-bench spec for {repo} {version}: give test_cmd= and log_parser=")
+        environment = _find_environment(envs, str(instance_id), str(repo), version)
         question = (f"Resolve this issue in the repository {repo} (checked out in your workspace):\n\n"
                     f"{str(problem).strip()}")
-        return Task(id=str(instance_id), question=question, answer=None, family="swebench", split=split_name,
-                    metadata={"repo": repo, "base_commit": base_commit, "FAIL_TO_PASS": fail_to_pass,
-                              "PASS_TO_PASS": pass_to_pass, "version": record.get("version"),
-                              "gold_patch": record.get("patch"), "scorer": "tests"},
-                    setup=SweBenchSetup(clone, str(base_commit), str(instance_id)),
-                    check_command=swebench_check_command(test_patch, fail_to_pass + pass_to_pass, template),
-                    check_files={TEST_PATCH_FILE: test_patch}, check_timeout=900.0)
+        task = Task(id=str(instance_id), question=question, answer=None, family="swebench", split=split_name,
+                    metadata={"repo": repo, "base_commit": base_commit, "version": version,
+                              "FAIL_TO_PASS": fail_to_pass, "PASS_TO_PASS": pass_to_pass,
+                              "test_patch": test_patch, "gold_patch": record.get("patch"), "scorer": "swebench",
+                              "environment": str(environment) if environment else None,
+                              "test_cmd": options.get("test_cmd"), "log_parser": options.get("log_parser")},
+                    check_files={TEST_PATCH_FILE: test_patch}, check_timeout=900.0,
+                    check_tests={"FAIL_TO_PASS": fail_to_pass, "PASS_TO_PASS": pass_to_pass})
+        task.check_command = swebench_check_command(task)
+        try:
+            require_environment(task)
+            refusal = None
+        except SweBenchEnvironmentMissing as exc:
+            refusal = str(exc)
+        task.setup = SweBenchSetup(clone, str(base_commit), str(instance_id), refusal)
+        return task
 
     return _each(path, skipped, make)
 
@@ -517,7 +519,7 @@ def load_hotpotqa(path: Path, split: str | None, options: dict[str, str], skippe
             raise RowError("no context paragraphs")
         return Task(id=str(qid), question=str(question).strip(), answer=str(answer).strip(), level=level,
                     family="hotpotqa", split=split_name, documents=documents,
-                    metadata={"supporting": supporting, "type": record.get("type")})
+                    metadata={"supporting": supporting, "type": record.get("type"), "scorer": "hotpotqa_em"})
 
     return _each(path, skipped, make)
 
@@ -535,7 +537,7 @@ def load_gsm8k(path: Path, split: str | None, options: dict[str, str], skipped: 
         if not final:
             raise RowError("nothing after '####'")
         return Task(id=str(record.get("id") or f"gsm8k-{line}"), question=str(question).strip(), answer=final,
-                    family="gsm8k", split=split_name, metadata={"solution": solution})
+                    family="gsm8k", split=split_name, metadata={"solution": solution, "scorer": "gsm8k_flexible"})
 
     return _each(path, skipped, make)
 

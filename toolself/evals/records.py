@@ -57,7 +57,8 @@ class AttemptRecord:
     status: `ok` (the agent ended on its own: terminate or a step, stage or token budget),
     `timeout` (the wall-clock limit ended it, or it never returned and was abandoned),
     `error` (the environment, the model, the agent or the scorer raised; `error` holds the
-    traceback). `correct` is the scorer's verdict on whatever answer there was.
+    traceback). `correct` is the scorer's verdict on whatever answer there was; `metrics` the
+    other numbers its benchmark reports (HotpotQA's `f1`, GSM8K's `strict` and `flexible`).
     """
 
     dataset: str
@@ -72,6 +73,7 @@ class AttemptRecord:
     correct: bool = False
     scorer: str = ""
     reason: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
     end_reason: str = ""
     error: str | None = None
     prompt_tokens: int = 0

@@ -303,6 +303,27 @@ def markdown_accuracy(table: Table) -> str:
     return "\n".join(lines)
 
 
+def markdown_scorers(records: Sequence[AttemptRecord], table: Table, method_of=None) -> str:
+    """Which scorer decided each cell, and the other numbers its benchmark reports (mean %), so
+    that HotpotQA's F1 and GSM8K's strict match stand beside the accuracy they accompany."""
+    method_of = method_of or (lambda r: r.method)
+    groups: dict[tuple[str, str], list[AttemptRecord]] = defaultdict(list)
+    for r in records:
+        groups[(method_of(r), r.dataset)].append(r)
+    lines = ["| Method | Dataset | Scorer | Other metrics (%) |", "|---|---|---|---|"]
+    for m in table.methods:
+        for d in table.datasets:
+            group = groups.get((m, d))
+            if not group:
+                continue
+            scorers = ", ".join(sorted({r.scorer for r in group if r.scorer})) or "-"
+            names = list(dict.fromkeys(k for r in group for k in r.metrics))
+            metrics = ", ".join(f"{k} {100 * statistics.fmean(r.metrics.get(k, 0.0) for r in group):.1f}"
+                                for k in names) or "-"
+            lines.append(f"| {m} | {table.labels.get(d, d)} | {scorers} | {metrics} |")
+    return "\n".join(lines)
+
+
 EFFICIENCY_COLUMNS = ("prompt_tokens", "completion_tokens", "steps", "stages", "reconfigurations", "wall_time")
 
 
@@ -495,6 +516,7 @@ def write_report(dirs: Sequence[Path], out: Path | None = None, compare_runs: bo
     md += ["", "## Accuracy (%)", "",
            "Mean over repeats ± standard error across repeats." if repeats > 1 else
            "One attempt per task; timeouts and errors count as wrong.", "", markdown_accuracy(table), "",
+           "## Scorers", "", markdown_scorers(records, table, method_of), "",
            "## Efficiency (mean per task, all datasets)", "", markdown_efficiency(table), ""]
     if found:
         md += ["## Per-task comparison", ""]

@@ -576,6 +576,7 @@ def _record(job: _Job, trajectory: Trajectory | None, verdict: Any, failure: str
         record.correct = bool(verdict.correct)
         record.scorer = verdict.scorer
         record.reason = verdict.reason
+        record.metrics = dict(getattr(verdict, "metrics", None) or {})
     return record
 
 

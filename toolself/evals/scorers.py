@@ -1,20 +1,11 @@
 """Deciding whether an attempt succeeded, and saying why.
 
-Three scorers, each returning a `Score` that names itself and its reason:
-
-- `gaia_exact`: GAIA's normalised exact match, following the official scorer: a numeric
-  reference is compared as a float after removing `$`, `%` and commas from the prediction; a
-  reference containing `,` or `;` is a list compared element by element; anything else is
-  compared after lower-casing and removing whitespace and punctuation. One deliberate
-  extension: a numeric prediction that still carries a unit (`17 km`, `3.5 hours`) is read as
-  its leading number, because small models add units that the reference omits.
-- `llm_judge`: a model behind any OpenAI-compatible endpoint reads the question, the reference
-  and the prediction and must answer with one strict verdict line; verdicts are cached on disk
-  by a hash of (question, reference, prediction), so re-scoring a run costs nothing.
-- `tests`: the task's check command run in the attempt's workspace with a timeout (code tasks).
-
-`score()` picks the scorer from the task: a check command means tests; a task whose metadata
-asks for the judge (FRAMES, xbench) uses it when one is given, after a free exact-match check.
+Every verdict is a `Score` that names its scorer and its reason, and carries the benchmark's
+other reported numbers in `metrics` (HotpotQA's F1 beside its EM, GSM8K's strict and flexible
+extractions). Answers are scored by the benchmark's own rules (`toolself.evals.rules`, one
+module per benchmark); code tasks by their check command (`tests`); FRAMES and xbench by an
+`LLMJudge` speaking the benchmark's grading protocol, with verdicts cached on disk by a hash of
+(protocol, question, reference, answer), so re-scoring a run costs nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +15,6 @@ import json
 import os
 import re
 import signal
-import string
 import subprocess
 import sys
 import time
@@ -43,86 +33,10 @@ class Score:
     scorer: str
     reason: str
     details: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-# GAIA normalised exact match -----------------------------------------------------------------
-
-_NUMBER_WITH_UNIT = re.compile(r"^\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*[^\d\s].*$")
-
-
-def _is_float(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
-
-
-def normalize_number(text: str) -> float | None:
-    """A prediction read as a number: `$`, `%`, commas and a trailing unit removed; None if not."""
-    cleaned = text
-    for char in ("$", "%", ","):
-        cleaned = cleaned.replace(char, "")
-    cleaned = cleaned.strip()
-    try:
-        return float(cleaned)
-    except ValueError:
-        pass
-    match = _NUMBER_WITH_UNIT.match(cleaned)
-    if match:
-        return float(match.group(1))
-    return None
-
-
-def normalize_str(text: str, remove_punct: bool = True) -> str:
-    no_spaces = re.sub(r"\s", "", text).lower()
-    if remove_punct:
-        return no_spaces.translate(str.maketrans("", "", string.punctuation))
-    return no_spaces
-
-
-def _split_list(text: str) -> list[str]:
-    return re.split(r"[,;]", text)
-
-
-def gaia_match(prediction: str | None, reference: str) -> tuple[bool, str]:
-    """(match, why) under GAIA's rules."""
-    prediction = "None" if prediction is None else str(prediction)
-    reference = str(reference)
-    if _is_float(reference):
-        value = normalize_number(prediction)
-        if value is None:
-            return False, f"reference is the number {reference}; prediction {prediction!r} is not a number"
-        ok = value == float(reference)
-        return ok, f"numbers compared: {value:g} {'==' if ok else '!='} {float(reference):g}"
-    if any(char in reference for char in ",;"):
-        ref_items, pred_items = _split_list(reference), _split_list(prediction)
-        if len(ref_items) != len(pred_items):
-            return False, f"list lengths differ: reference has {len(ref_items)}, prediction {len(pred_items)}"
-        mismatches = []
-        for index, (pred, ref) in enumerate(zip(pred_items, ref_items)):
-            if _is_float(ref):
-                value = normalize_number(pred)
-                same = value is not None and value == float(ref)
-            else:
-                same = normalize_str(pred, remove_punct=False) == normalize_str(ref, remove_punct=False)
-            if not same:
-                mismatches.append(f"item {index + 1}: {pred.strip()!r} vs {ref.strip()!r}")
-        if mismatches:
-            return False, "list items differ: " + "; ".join(mismatches)
-        return True, f"all {len(ref_items)} list items match"
-    ok = normalize_str(prediction) == normalize_str(reference)
-    return ok, "normalised strings " + ("match" if ok else f"differ: {normalize_str(prediction)!r} vs {normalize_str(reference)!r}")
-
-
-def exact_score(task: Task, prediction: str | None) -> Score:
-    if task.answer is None:
-        return Score(False, "gaia_exact", "the task has no reference answer")
-    ok, why = gaia_match(prediction, task.answer)
-    return Score(ok, "gaia_exact", why, {"reference": task.answer, "prediction": prediction})
 
 
 # test execution ------------------------------------------------------------------------------
@@ -217,14 +131,17 @@ class LLMJudge:
         return cls(OpenAIModel(model, base_url, api_key=api_key), **kwargs)
 
     @staticmethod
-    def key(question: str, reference: str, prediction: str) -> str:
-        return hashlib.sha256(json.dumps([question, reference, prediction], ensure_ascii=False).encode()).hexdigest()
+    def key(question: str, reference: str, prediction: str, protocol: str | None = None) -> str:
+        parts = [question, reference, prediction] + ([protocol] if protocol else [])
+        return hashlib.sha256(json.dumps(parts, ensure_ascii=False).encode()).hexdigest()
 
     def _cache_path(self, key: str) -> Path:
         return self.cache_dir / key[:2] / f"{key}.json"
 
-    def judge(self, question: str, reference: str, prediction: str) -> Score:
-        key = self.key(question, reference, prediction)
+    def judge(self, question: str, reference: str, prediction: str, protocol: Any = None) -> Score:
+        """A verdict under `protocol` (a `rules.judged.JudgeProtocol`: a benchmark's own prompt
+        and decision parser), or under this judge's prompt and the strict VERDICT line."""
+        key = self.key(question, reference, prediction, protocol.name if protocol else None)
         path = self._cache_path(key)
         if path.exists():
             try:
@@ -233,7 +150,8 @@ class LLMJudge:
                              {**cached.get("details", {}), "cached": True})
             except (json.JSONDecodeError, KeyError, OSError):
                 pass
-        text = self.prompt.replace("{question}", question).replace("{reference}", reference).replace(
+        template, parse = (protocol.prompt, protocol.parse) if protocol else (self.prompt, parse_verdict)
+        text = template.replace("{question}", question).replace("{reference}", reference).replace(
             "{prediction}", prediction)
         replies: list[str] = []
         failures: list[str] = []
@@ -244,10 +162,11 @@ class LLMJudge:
                 failures.append(f"{type(exc).__name__}: {exc}")
                 continue
             replies.append(reply)
-            verdict = parse_verdict(reply)
+            verdict = parse(reply)
             if verdict is not None:
                 reason = f"the judge said {'CORRECT' if verdict else 'INCORRECT'}"
-                details = {"judge_model": getattr(self.model, "name", ""), "reply": reply, "cached": False}
+                details = {"judge_model": getattr(self.model, "name", ""), "reply": reply, "cached": False,
+                           "protocol": protocol.name if protocol else "toolself"}
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_suffix(".tmp")
                 tmp.write_text(json.dumps({"correct": verdict, "reason": reason, "details": details}), encoding="utf-8")
@@ -265,19 +184,10 @@ class LLMJudge:
 
 def score(task: Task, prediction: str | None, env: TaskEnvironment | None = None,
           judge: LLMJudge | None = None) -> Score:
-    """Score one attempt with the scorer the task calls for (see the module docs)."""
-    if task.check_command:
+    """Score one attempt: a task with a check command (or the `tests` scorer) by its tests,
+    anything else by the rules of the scorer its metadata names (see `toolself.evals.rules`)."""
+    if task.check_command or task.metadata.get("scorer") == "tests":
         return tests_score(task, env)
-    exact = exact_score(task, prediction)
-    if exact.correct or task.answer is None:
-        return exact
-    if task.metadata.get("scorer") == "judge":
-        if judge is None:
-            exact.details["note"] = "this task asks for an LLM judge but none is configured"
-            return exact
-        if prediction is None or not str(prediction).strip():
-            return Score(False, judge.name, "no prediction to judge")
-        verdict = judge.judge(task.question, task.answer, str(prediction))
-        verdict.details["exact_match"] = exact.reason
-        return verdict
-    return exact
+    from toolself.evals.rules import score_answer
+
+    return score_answer(task, prediction, judge)

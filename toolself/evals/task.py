@@ -43,6 +43,8 @@ class Task:
     check_command: for code tasks, the shell command whose exit status 0 means solved.
     check_files: written into the workspace just before the check runs (the grader's own copy of
     the tests, so that an attempt cannot pass by editing them).
+    check_tests: the tests whose statuses in the check's log decide success, by kind
+    (SWE-bench: {"FAIL_TO_PASS": [...], "PASS_TO_PASS": [...]}).
     """
 
     id: str
@@ -60,6 +62,7 @@ class Task:
     check_command: str | None = None
     check_timeout: float = 120.0
     check_files: dict[str, str] = field(default_factory=dict)
+    check_tests: dict[str, list[str]] = field(default_factory=dict)
 
     def environment(self, root: Path | None = None, model: Any = None) -> "TaskEnvironment":
         """A fresh private environment for one attempt (a context manager)."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from toolself.agent import Agent
 from toolself.evals.records import RESULTS, TRAJECTORIES, AttemptKey, AttemptRecord, MethodStore, safe_name
-from toolself.evals.scorers import gaia_match
+from toolself.evals.rules.gaia import gaia_match
 from toolself.models.base import Message
 from toolself.models.scripted import ScriptedModel, call
 from toolself.tools.base import ToolContext, ToolPool
