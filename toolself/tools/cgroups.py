@@ -211,6 +211,23 @@ class AttemptCgroup:
                     return 0
         return 0
 
+    def oom_kills(self) -> int:
+        """How many of the attempt's processes the kernel has killed to keep its memory budget
+        (v2 counts them in the group's own `memory.events`; v1 in the subgroup where it happened)."""
+        if self.version == 2:
+            files = [d / "memory.events" for d in self.dirs]
+        else:
+            files = [Path(top, "memory.oom_control") for d in self.dirs for top, _, names in os.walk(d)
+                     if "memory.oom_control" in names]
+        kills = 0
+        for path in files:
+            try:
+                lines = path.read_text().splitlines()
+            except OSError:
+                continue
+            kills += sum(int(value) for key, _, value in (line.partition(" ") for line in lines) if key == "oom_kill")
+        return kills
+
     def members(self) -> set[int]:
         return _pids(self.dirs[0]) if self.dirs else set()
 

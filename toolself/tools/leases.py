@@ -84,17 +84,25 @@ class Leases:
         if self.folder is not None:
             (self.folder / f"{key}.json").unlink(missing_ok=True)
 
-    def reap(self, kill_uid: Callable[[int], None]) -> list[Lease]:
-        """Reap every lease whose host is gone; the leases reaped."""
+    def uids(self) -> set[int]:
+        """The uids named by any lease, live or not yet reaped."""
+        return {lease.uid for _, lease in self._read() if lease.uid is not None}
+
+    def _read(self) -> list[tuple[Path, Lease]]:
         if self.folder is None:
             return []
-        reaped = []
+        found = []
         for path in self.folder.glob("*.json"):
             try:
-                lease = Lease(**json.loads(path.read_text()))
+                found.append((path, Lease(**json.loads(path.read_text()))))
             except (OSError, ValueError, TypeError):
                 path.unlink(missing_ok=True)
-                continue
+        return found
+
+    def reap(self, kill_uid: Callable[[int], None]) -> list[Lease]:
+        """Reap every lease whose host is gone; the leases reaped."""
+        reaped = []
+        for path, lease in self._read():
             if lease.host_start and _start_time(lease.host_pid) == lease.host_start:
                 continue
             if lease.uid is not None and self.valid_uid(lease.uid):

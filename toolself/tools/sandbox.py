@@ -14,7 +14,15 @@ attempt's processes get:
   attempts' workspaces, is really held to its process limit (a fork bomb stops there), and
   every process it started can be found and killed by uid at the end, including ones that
   left the process group;
-- optionally (`Limits.network = False`), no network: a new user and network namespace.
+- where the machine offers control groups (in practice: a root host), one memory and one
+  process budget for the whole attempt, and a group per session that a timeout empties,
+  wherever its processes went (toolself.tools.cgroups); a lease per attempt lets the next
+  sandbox reap what a host killed with SIGKILL left running (toolself.tools.leases);
+- optionally (`Limits.network = False`), no network: a new user and network namespace, and a
+  seccomp filter refusing Unix sockets, which reach the host through the filesystem
+  (toolself.tools.seccomp);
+- a control pipe on which only the reply carrying the call's random id answers a call, and a
+  reply line is bounded (`REPLY_BYTES`).
 
 What remains possible is written down in docs/security.md: this is not a container.
 Output is captured per call through pipes with an end-of-call marker and capped, keeping the
@@ -53,6 +61,7 @@ log = logging.getLogger(__name__)
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 UID_BASE = 1_500_000_000
 UID_SPAN = 500_000_000
+REPLY_BYTES = 1 << 20  # the longest reply line the host keeps; a longer one is an error for its call
 
 
 @dataclass(frozen=True)
@@ -227,7 +236,7 @@ def _is_sandbox_uid(uid: int) -> bool:
 
 
 def _free_uid() -> int:
-    used = {p.uid for p in processes()}
+    used = {p.uid for p in processes()} | leases().uids()  # a dead host's uid is reaped later
     while True:
         uid = UID_BASE + secrets.randbelow(UID_SPAN)
         if uid not in used:
@@ -318,6 +327,7 @@ class SandboxUser:
         self.sessions: list[SandboxedProcess] = []
         self._cgroup_tried = False
         self._cgroup_limits: Limits | None = None
+        self._oom_kills = 0
         self._lease = secrets.token_hex(8)
         self._owner: tuple[int, int] | None = None
         self._mode: int | None = None
@@ -385,6 +395,17 @@ class SandboxUser:
                 leases().write(self._lease, self.uid, self.cgroup)
         return self.cgroup
 
+    def memory_note(self) -> str | None:
+        """Says so once when the kernel has killed processes of the attempt for its memory budget."""
+        if self.cgroup is None or self._cgroup_limits is None:
+            return None
+        kills = self.cgroup.oom_kills()
+        if kills <= self._oom_kills:
+            return None
+        new, self._oom_kills = kills - self._oom_kills, kills
+        return (f"the task's processes reached their memory limit of {self._cgroup_limits.memory_bytes >> 20:,} MiB "
+                f"together: the kernel killed {new} of them")
+
     def members(self, include_zombies: bool = False) -> list[int]:
         if self.uid is None:
             return []
@@ -443,6 +464,7 @@ class SandboxUser:
         if self.cgroup is not None:
             self.cgroup.close()
             self._cgroup_tried = False
+            self._oom_kills = 0
             self.attempt_cgroup(self._cgroup_limits or Limits.from_env())
         if self.uid is None:
             return
@@ -626,7 +648,7 @@ class _Stream:
 
 @dataclass
 class CallResult:
-    """What a sandboxed call produced. `status`: ok | timeout | died | processes."""
+    """What a sandboxed call produced. `status`: ok | timeout | died | processes | memory | too_large."""
 
     status: str
     reply: str | None = None
@@ -636,7 +658,6 @@ class CallResult:
     notes: list[str] = field(default_factory=list)
 
 
-REPLY_BYTES = 1 << 20
 TOO_LARGE = object()
 
 
@@ -890,6 +911,8 @@ class SandboxedProcess:
             self.kill()
             why = f"signal {-code}" if code is not None and code < 0 else f"exit status {code}"
             result.notes.append(f"the {self.name} exited ({why}); its state was lost and the next call starts a fresh one")
+        if (note := self.user.memory_note()) is not None:
+            result.notes.append(note)
         result.stdout = self.stdout.capture.text()
         result.stderr = self.stderr.capture.text()
         return result
