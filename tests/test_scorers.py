@@ -137,18 +137,30 @@ def test_a_judge_task_without_a_judge_falls_back_to_a_named_exact_match():
     assert "no judge configured" in wrong.reason
 
 
-def check_task(command: str, timeout: float = 30.0) -> Task:
-    return Task(id="check", question="make done.txt", family="code", check_command=command, check_timeout=timeout)
+DONE_TEST = """import unittest
+
+
+class TestDone(unittest.TestCase):
+    def test_done(self):
+        with open("done.txt") as handle:
+            self.assertEqual(handle.read(), "yes")
+"""
+
+
+def check_task(command: str = "python3 -m unittest tests.test_done", timeout: float = 30.0) -> Task:
+    files = {"tests/__init__.py": "", "tests/test_done.py": DONE_TEST}
+    return Task(id="check", question="make done.txt", family="code", check_command=command, check_timeout=timeout,
+                inline_files=files, check_files=files, check_tests={"tests": ["tests.test_done.TestDone.test_done"]})
 
 
 def test_test_execution_runs_the_check_in_the_workspace():
-    task = check_task("test -f done.txt")
+    task = check_task()
     with task.environment() as env:
         before = score(task, None, env)
         (env.workspace / "done.txt").write_text("yes")
         after = score(task, None, env)
     assert not before.correct and before.scorer == "tests" and before.details["exit_status"] == 1
-    assert after.correct and after.reason == "the check command passed"
+    assert after.correct and after.reason == "all 1 expected tests passed"
 
 
 def test_a_check_that_runs_too_long_is_killed_and_fails():
@@ -161,8 +173,8 @@ def test_a_check_that_runs_too_long_is_killed_and_fails():
 
 
 def test_the_graders_copy_of_the_tests_is_restored_before_the_check():
-    task = Task(id="c", question="q", family="code", check_command="grep -q strict tests.txt",
-                inline_files={"tests.txt": "strict\n"}, check_files={"tests.txt": "strict\n"})
+    task = check_task()
     with task.environment() as env:
-        (env.workspace / "tests.txt").write_text("loose\n")
-        assert score(task, None, env).correct
+        (env.workspace / "tests" / "test_done.py").write_text(DONE_TEST.replace('"yes"', "handle.read()"))
+        result = score(task, None, env)
+    assert not result.correct and result.details["tests"] == {"tests.test_done.TestDone.test_done": "error"}

@@ -170,9 +170,34 @@ def append_lines(f, texts: list[str]) -> None:
     os.fsync(f.fileno())
 
 
+def _private_open(path: Path):
+    """A new file only its owner can read: run outputs hold reference answers, and the
+    sandbox's uid must not read them (docs/security.md)."""
+    path.unlink(missing_ok=True)
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w", encoding="utf-8")
+
+
+def _owner_only(path: str, flags: int) -> int:
+    fd = os.open(path, flags | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def private_run_folder(out: Path) -> None:
+    """Make `out` a folder others may pass through (attempts' workspaces may live inside) but
+    not list, and everything already in it owner-only, so that no sandbox uid can read a run's
+    records, whatever mode an earlier version gave them."""
+    out.mkdir(parents=True, exist_ok=True)
+    os.chmod(out, 0o711)
+    for entry in out.iterdir():
+        if entry.name == "workspaces" or entry.is_symlink():
+            continue
+        os.chmod(entry, 0o700 if entry.is_dir() else 0o600)
+
+
 def atomic_write_lines(path: Path, lines: Iterable[str]) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with _private_open(tmp) as f:
         for line in lines:
             f.write(line if line.endswith("\n") else line + "\n")
         f.flush()
@@ -183,7 +208,7 @@ def atomic_write_lines(path: Path, lines: Iterable[str]) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with _private_open(tmp) as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
@@ -233,10 +258,11 @@ class MethodStore:
     @classmethod
     def open(cls, folder: Path) -> "MethodStore":
         store = cls(folder)
-        store.folder.mkdir(parents=True, exist_ok=True)
+        store.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(store.folder, 0o700)
         store._recover()
-        store._results = open(store.results_path, "a", encoding="utf-8")
-        store._trajectories = open(store.trajectories_path, "a", encoding="utf-8")
+        store._results = open(store.results_path, "a", encoding="utf-8", opener=_owner_only)
+        store._trajectories = open(store.trajectories_path, "a", encoding="utf-8", opener=_owner_only)
         return store
 
     def _recover(self) -> None:

@@ -49,6 +49,7 @@ from toolself.evals.records import (
     AttemptRecord,
     MethodStore,
     atomic_write_text,
+    private_run_folder,
     safe_name,
 )
 from toolself.evals.report import RUN_FILE, Table, aggregate
@@ -123,8 +124,11 @@ def _identity(model: Any, config_model: Any, judge: Any, split: str, seed: int, 
         inner = getattr(x, "model", None)
         return getattr(x, "name", None) or getattr(inner, "name", None) or type(x).__name__
 
+    from toolself.evals.suites.common import suite_key_id
+
+    # the built-in suites' key decides which tasks an id names (see `suites.common`)
     return {"model": name(model), "config_model": name(config_model), "judge": name(judge), "split": split,
-            "seed": seed, "timeout": timeout, "freeze": list(freeze),
+            "seed": seed, "suite_key": suite_key_id(), "timeout": timeout, "freeze": list(freeze),
             "settings": {k: overrides[k] for k in sorted(overrides)},
             "model_options": {k: model_options[k] for k in sorted(model_options)}}
 
@@ -256,7 +260,7 @@ def run_eval(
     identity = _identity(model, config_model, judge, split, seed, timeout, freeze, overrides, model_options or {})
     command = {"tasks": list(tasks), "methods": list(methods), "limit": limit, "repeats": repeats,
                "concurrency": concurrency, **identity}
-    out.mkdir(parents=True, exist_ok=True)
+    private_run_folder(out)
     lock = _single_writer(out)
     try:
         _check_run_file(out, identity, command, force)

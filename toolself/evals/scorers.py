@@ -3,9 +3,11 @@
 Every verdict is a `Score` that names its scorer and its reason, and carries the benchmark's
 other reported numbers in `metrics` (HotpotQA's F1 beside its EM, GSM8K's strict and flexible
 extractions). Answers are scored by the benchmark's own rules (`toolself.evals.rules`, one
-module per benchmark); code tasks by their check command (`tests`); FRAMES and xbench by an
-`LLMJudge` speaking the benchmark's grading protocol, with verdicts cached on disk by a hash of
-(protocol, question, reference, answer), so re-scoring a run costs nothing.
+module per benchmark); FRAMES and xbench by an `LLMJudge` speaking the benchmark's grading
+protocol, with verdicts cached on disk by a hash of (protocol, question, reference, answer), so
+re-scoring a run costs nothing. `tests`: the task's check, run in the attempt's sandbox and
+decided by the test runner's own per-test report (code tasks, SWE-bench; see
+`toolself.evals.checks`).
 """
 
 from __future__ import annotations
@@ -14,10 +16,6 @@ import hashlib
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
-import time
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -41,48 +39,26 @@ class Score:
 
 # test execution ------------------------------------------------------------------------------
 
-def _tail(text: str, limit: int = 2000) -> str:
-    return text if len(text) <= limit else "..." + text[-limit:]
-
-
-def run_check(command: str, workspace: Path, timeout: float) -> tuple[int | None, str, float]:
-    """(exit status or None on timeout, output tail, seconds). The interpreter running toolself
-    comes first on PATH, so `python -m pytest` means the same Python everywhere."""
-    env = dict(os.environ)
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    env.pop("PYTHONPATH", None)
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    start = time.perf_counter()
-    process = subprocess.Popen(["bash", "-c", command], cwd=workspace, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=timeout)
-        return process.returncode, _tail(output), time.perf_counter() - start
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        output, _ = process.communicate()
-        return None, _tail(output or ""), time.perf_counter() - start
-
-
 def tests_score(task: Task, env: TaskEnvironment | None) -> Score:
+    """The task's check, run by `checks` in the attempt's sandbox once its processes are gone,
+    on the grader's restored files; correct only on the test runner's own report that every
+    test in `task.check_tests` passed (an exit status alone never is)."""
     if not task.check_command:
         return Score(False, "tests", "the task has no check command")
     if env is None or env.closed:
         return Score(False, "tests", "no open environment to run the check in")
-    for relative, content in task.check_files.items():
-        target = env.workspace / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content, encoding="utf-8")
-    status, output, seconds = run_check(task.check_command, env.workspace, task.check_timeout)
-    details = {"command": task.check_command, "exit_status": status, "seconds": round(seconds, 3), "output": output}
-    if status is None:
+    from toolself.evals.checks import check_attempt, expected_ids, status_of
+
+    expected = expected_ids(task.check_tests)
+    verdict, run = check_attempt(env.context, task.check_command, task.check_files, expected, task.check_timeout)
+    details = {"command": task.check_command, "exit_status": run.exit_status, "seconds": round(run.seconds, 3),
+               "output": run.output, "runner_finished": run.finished,
+               "tests": {t: status_of(t, run.outcomes) for t in expected[:200]}}
+    if run.tampered:
+        details["tampered"] = run.tampered
+    if run.exit_status is None:
         return Score(False, "tests", f"the check timed out after {task.check_timeout:g} s", details)
-    if status == 0:
-        return Score(True, "tests", "the check command passed", details)
-    return Score(False, "tests", f"the check command failed with exit status {status}", details)
+    return Score(verdict.passed, "tests", verdict.reason, details)
 
 
 # LLM judge -----------------------------------------------------------------------------------

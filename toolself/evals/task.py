@@ -40,11 +40,18 @@ class Task:
     setup: a picklable callable given the workspace after files are placed (a SWE-bench checkout,
     a generated spreadsheet). documents / collection_path: the collection `search` and `visit`
     read; documents are shared by reference between tasks of a split and must not be mutated.
-    check_command: for code tasks, the shell command whose exit status 0 means solved.
-    check_files: written into the workspace just before the check runs (the grader's own copy of
-    the tests, so that an attempt cannot pass by editing them).
-    check_tests: the tests whose statuses in the check's log decide success, by kind
-    (SWE-bench: {"FAIL_TO_PASS": [...], "PASS_TO_PASS": [...]}).
+    check_command: for code tasks, the shell command that runs the tests (see `checks`: it runs
+    in the attempt's sandbox once the attempt's processes are gone).
+    check_files: the grader's own copy of the tests (and of whatever else they import that the
+    attempt must not change), restored into the workspace without following links just before
+    the check runs, so that an attempt cannot pass by editing or replacing them.
+    check_tests: the tests that must be reported passed, by kind (SWE-bench: {"FAIL_TO_PASS":
+    [...], "PASS_TO_PASS": [...]}; the built-in suites: {"tests": [...]}). An id is what the test
+    runner calls the test: a pytest node id (`tests/test_x.py::TestX::test_y`), a unittest id
+    (`tests.test_x.TestX.test_y`, also Django's `test_y (tests.test_x.TestX)`), or a bare test
+    name that exactly one reported test ends with. The statuses come from the runner's own
+    per-test report (see `checks`), never from its printed log or its exit status, so a task with
+    a check command and no expected tests can never be solved.
     """
 
     id: str
@@ -75,7 +82,7 @@ class Task:
                 "files": [str(p) for p in self.files] + sorted(self.inline_files),
                 "documents": len(self.documents) if self.documents is not None else None,
                 "collection_path": str(self.collection_path) if self.collection_path else None,
-                "check_command": self.check_command}
+                "check_command": self.check_command, "check_tests": self.check_tests}
 
 
 class TaskEnvironment:

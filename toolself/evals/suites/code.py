@@ -13,6 +13,7 @@ subtle, or either, default 2), `functions=N` (functions per package, default 3).
 
 from __future__ import annotations
 
+import ast
 import textwrap
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,22 @@ from toolself.evals.suites.common import (
 from toolself.evals.task import Task
 
 CHECK_COMMAND = "python3 -m unittest discover -s tests"
+
+
+def grader_check(tests: dict[str, str]) -> tuple[str, dict[str, str], dict[str, list[str]]]:
+    """(command, files, expected tests) of the grader's check over these unittest files: the
+    command names them, so a test file the attempt added is never imported; the files restored
+    include the test package's `__init__.py`, which runs before them; every test method of every
+    file must be reported passed."""
+    modules, ids = [], []
+    for path in sorted(tests):
+        module = path[:-3].replace("/", ".")
+        modules.append(module)
+        for node in ast.parse(tests[path]).body:
+            if isinstance(node, ast.ClassDef):
+                ids += [f"{module}.{node.name}.{item.name}" for item in node.body
+                        if isinstance(item, ast.FunctionDef) and item.name.startswith("test")]
+    return "python3 -m unittest " + " ".join(modules), {"tests/__init__.py": "", **tests}, {"tests": ids}
 
 
 @dataclass(frozen=True)
@@ -270,10 +287,11 @@ def generate(split: str, n: int | None = None, seed: int = 0, **knobs: Any) -> l
         files.update(tests)
         question = (f'The unit tests of the Python package "{package}" in your workspace fail. Find and fix the '
                     f"bug(s) in the package, not in the tests, so that `{CHECK_COMMAND}` passes.")
+        check_command, check_files, check_tests = grader_check(tests)
         tasks.append(Task(
             id=f"code-{split}-{seed}-{len(tasks):04d}", question=question, answer=None, level=len(bugs),
-            family="code", split=split, inline_files=files, check_command=CHECK_COMMAND, check_timeout=60.0,
-            check_files=tests,
+            family="code", split=split, inline_files=files, check_command=check_command, check_timeout=60.0,
+            check_files=check_files, check_tests=check_tests,
             metadata={"suite": "code", "seed": seed, "package": package, "bugs": bugs, "scorer": "tests",
                       "functions": [t.name for t in chosen]},
         ))

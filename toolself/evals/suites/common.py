@@ -4,12 +4,22 @@ Every name pool is cut in two by position, even items for `train` and odd for `h
 every generated entity name contains at least one split-owned part; so the two splits can
 never share an entity, a file's content or a bug site, whatever the seed. Names are invented
 (`Varholt`, `Brennport`) so that a model cannot answer from memory: it has to use the tools.
+
+The generator is public code, so a seed alone would let the model's own code regenerate its
+task and read the answer (`load_tasks("builtin:data")` inside the sandbox). Every stream is
+therefore also keyed by a secret the sandbox cannot read (`suite_key`): the same key gives the
+same tasks on any machine; `TOOLSELF_SUITE_KEY=public` gives the unkeyed tasks of earlier
+toolself versions, which anyone can regenerate.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import random
 import re
+import secrets
+from pathlib import Path
 from typing import Any, Sequence, TypeVar
 
 SPLITS = ("train", "heldout")
@@ -24,10 +34,54 @@ def check_split(split: str) -> str:
     return split
 
 
+PUBLIC_KEY = "public"
+KEY_VARIABLE = "TOOLSELF_SUITE_KEY"
+
+
+def key_file() -> Path:
+    base = os.environ.get("TOOLSELF_CACHE")
+    return (Path(base) if base else Path.home() / ".cache" / "toolself") / "suite.key"
+
+
+def suite_key() -> str:
+    """The secret that keys generation: TOOLSELF_SUITE_KEY when set (to share a task set between
+    machines), else this user's key file, made on first use with mode 0600 in a 0700 folder.
+    The sandbox neither inherits the variable nor can read the file when tools run as their own
+    uid (the host is root); when they run as the host's own user it can (docs/security.md)."""
+    given = os.environ.get(KEY_VARIABLE, "").strip()
+    if given:
+        return given
+    path = key_file()
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    temporary = path.with_name(f".suite.key.{secrets.token_hex(6)}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(secrets.token_hex(32) + "\n")
+    try:
+        os.link(temporary, path)  # atomic, and never over a key another process made first
+    except FileExistsError:
+        pass
+    finally:
+        temporary.unlink()
+    return path.read_text(encoding="utf-8").strip()
+
+
+def suite_key_id(key: str | None = None) -> str:
+    """A short public name for a key, for saying which task set a result was measured on."""
+    key = suite_key() if key is None else key
+    return PUBLIC_KEY if key == PUBLIC_KEY else hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
 def rng_for(suite: str, split: str, seed: int, *extra: Any) -> random.Random:
-    """A generator seeded by (suite, split, seed, ...): string seeds hash with SHA-512 in
-    Python's `random`, so the stream is the same on every machine and run."""
-    return random.Random(":".join(str(p) for p in (suite, split, seed, *extra)))
+    """A generator seeded by (key, suite, split, seed, ...): string seeds hash with SHA-512 in
+    Python's `random`, so the stream is the same on every machine and run for the same key."""
+    key = suite_key()
+    parts = (suite, split, seed, *extra) if key == PUBLIC_KEY else (key, suite, split, seed, *extra)
+    return random.Random(":".join(str(p) for p in parts))
 
 
 def split_part(items: Sequence[T], split: str) -> list[T]:

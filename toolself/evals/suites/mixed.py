@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolself.evals.suites.code import CHECK_COMMAND
+from toolself.evals.suites.code import CHECK_COMMAND, grader_check
 from toolself.evals.suites.common import (
     DEFAULT_SIZES, MONTHS, ORG_ROOTS, PRODUCTS, check_split, knob_int, knob_range, reject_unknown, rng_for,
     split_part,
@@ -109,8 +109,10 @@ def generate(split: str, n: int | None = None, seed: int = 0, **knobs: Any) -> l
                      "tests/__init__.py": "", "tests/test_config.py": VISIBLE_TEST.format(package=package)}
             question = (f'In the package "{package}", set HOME_CITY in {package}/config.py to {phrase}, then check '
                         f"that `{CHECK_COMMAND}` passes.")
-            extra = {"check_command": CHECK_COMMAND, "check_timeout": 60.0,
-                     "check_files": {"tests/test_config.py": GRADER_TEST.format(package=package, fact=fact)}}
+            check_command, check_files, check_tests = grader_check(
+                {"tests/test_config.py": GRADER_TEST.format(package=package, fact=fact)})
+            extra = {"check_command": check_command, "check_timeout": 60.0, "check_files": check_files,
+                     "check_tests": check_tests}
             answer, code, wrong = None, "", ""
             second = f"write it into {package}/config.py and run the tests"
             extra_meta = {"package": package, "path": f"{package}/config.py", "old": 'HOME_CITY = "TODO"',
