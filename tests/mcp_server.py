@@ -44,6 +44,21 @@ def crash() -> str:
     os._exit(3)
 
 
+@server.tool()
+def pid() -> int:
+    """The server's process id."""
+    return os.getpid()
+
+
+@server.tool()
+async def hang() -> str:
+    """Block the server's event loop: the server stops answering anything, pings included."""
+    import time
+
+    time.sleep(3600)
+    return "never"
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "http":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))

@@ -3,10 +3,13 @@
 The agent loop is synchronous and the MCP SDK is asynchronous, so an `MCPManager` owns one
 event loop in a background thread; each server connection lives in its own task on that
 loop for as long as the manager does (the SDK's transports must be entered and left by the
-same task). A tool call is submitted to the loop and waited for with a deadline: a slow
-server gives a timeout observation, a dead one an error observation, and the connection is
-re-opened on the next call. Arguments are validated against the server's own JSON schema
-before anything is sent.
+same task). A tool call is submitted to the loop and waited for until its timeout, and not a
+moment longer, whatever the SDK is still doing: a slow server gives a timeout observation, a
+dead one an error observation. After either, the server is asked to list its tools in the
+background; one that does not answer is hung or gone, so it is closed (a stdio server's
+process tree is killed) and started afresh, and the next call waits for the new one. A server
+that answers keeps its connection and its state. Arguments are validated against the
+server's own JSON schema before anything is sent.
 
 Servers come from a CLI flag (`name=command args...` or `name=http://host/mcp`) or from a
 JSON config file in the common `{"mcpServers": {name: {command, args, env} | {url}}}` shape.
@@ -15,6 +18,7 @@ JSON config file in the common `{"mcpServers": {name: {command, args, env} | {ur
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import re
@@ -31,6 +35,10 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 30.0
 CALL_TIMEOUT_S = 60.0
+# A live server answers a request within milliseconds; one that takes this long is hung.
+PROBE_TIMEOUT_S = 2.0
+# The SDK's own read timeout is set this much past ours, so that ours is the one that fires.
+SDK_TIMEOUT_MARGIN_S = 1.0
 MAX_RESULT_CHARS = 20_000
 
 
@@ -182,6 +190,24 @@ class _Connection:
         finally:
             self.client = None
 
+    async def call(self, tool: str, arguments: dict[str, Any]) -> Any:
+        if self.client is None:
+            raise MCPError("the connection is closed")
+        return await self.client.call_tool(tool, arguments,
+                                           read_timeout_seconds=self.config.timeout_s + SDK_TIMEOUT_MARGIN_S)
+
+    async def answers(self) -> bool:
+        """Whether the server answers a request now: a tool listing past the SDK's cache (MCP's
+        own ping is gone from the protocol's current version)."""
+        if not self.alive:
+            return False
+        try:
+            await asyncio.wait_for(self.client.list_tools(cache_mode="bypass"),
+                                   min(PROBE_TIMEOUT_S, self.config.timeout_s))
+        except Exception:
+            return False
+        return True
+
     async def close(self) -> None:
         if self._stop is not None:
             self._stop.set()
@@ -241,6 +267,8 @@ class MCPManager:
         self._thread = threading.Thread(target=self._loop.run_forever, name="toolself-mcp", daemon=True)
         self._thread.start()
         self._connections: dict[str, _Connection] = {}
+        self._renewals: dict[str, concurrent.futures.Future] = {}
+        self._retired: set[asyncio.Task] = set()
         self._lock = threading.Lock()
         self._closed = False
 
@@ -265,34 +293,58 @@ class MCPManager:
         self._connections[config.name] = connection
         return [MCPTool(self, config.name, remote) for remote in remote_tools]
 
-    def _ensure(self, server: str) -> _Connection:
+    def _renew(self, server: str, check: bool) -> concurrent.futures.Future:
+        """Start a renewal of `server`'s connection, unless one is under way; with `check`, only
+        if the server does not answer a request. It runs on the loop to its end, whoever waits."""
         with self._lock:
-            connection = self._connections[server]
-            if not connection.alive:
-                self._run(connection.close(), 15)
-                fresh = _Connection(connection.config)
-                self._run(fresh.open(), CONNECT_TIMEOUT_S)
-                self._connections[server] = connection = fresh
-            return connection
+            pending = self._renewals.get(server)
+            if pending is None or pending.done():
+                pending = asyncio.run_coroutine_threadsafe(self._renewed(server, check), self._loop)
+                self._renewals[server] = pending
+            return pending
+
+    async def _renewed(self, server: str, check: bool) -> None:
+        old = self._connections[server]
+        if check and await old.answers():
+            return
+        log.warning("MCP server %s does not answer; restarting it", server)
+        retiring = asyncio.create_task(old.close())  # the new server need not wait for the old one to die
+        self._retired.add(retiring)
+        retiring.add_done_callback(self._retired.discard)
+        if self._closed:
+            return
+        fresh = _Connection(old.config)
+        try:
+            await asyncio.wait_for(fresh.open(), CONNECT_TIMEOUT_S)
+        except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
+            await fresh.close()
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            raise MCPError(f"no answer within {CONNECT_TIMEOUT_S:g} s after a restart") from None
+        self._connections[server] = fresh
 
     def call(self, server: str, tool: str, arguments: dict[str, Any]) -> Observation:
         if self._closed:
             return Observation(f"MCP server {server!r} is closed", is_error=True)
-        try:
-            connection = self._ensure(server)
-        except (MCPError, FutureTimeout) as exc:
-            return Observation(f"MCP server {server!r} is not available: {exc or 'no answer'}", is_error=True)
+        if not self._connections[server].alive:
+            self._renew(server, check=False)
+        pending = self._renewals.get(server)
+        if pending is not None:
+            try:
+                pending.result(PROBE_TIMEOUT_S + CONNECT_TIMEOUT_S + 5)
+            except Exception as exc:
+                return Observation(f"MCP server {server!r} is not available: {_describe(exc)}", is_error=True)
+        connection = self._connections[server]
         timeout = connection.config.timeout_s
-
-        async def invoke():
-            return await asyncio.wait_for(connection.client.call_tool(tool, arguments, read_timeout_seconds=timeout), timeout)
-
+        future = asyncio.run_coroutine_threadsafe(connection.call(tool, arguments), self._loop)
         try:
-            result = self._run(invoke(), timeout + 5)
-        except (FutureTimeout, asyncio.TimeoutError, TimeoutError):
+            result = future.result(timeout)
+        except FutureTimeout:
+            future.cancel()
+            self._renew(server, check=True)
             return Observation(f"{server}__{tool}: no answer from MCP server {server!r} within {timeout:g} s", is_error=True)
-        except BaseException as exc:
-            connection.client = None  # reopened on the next call, in case the server went away
+        except Exception as exc:
+            self._renew(server, check=True)
             return Observation(f"{server}__{tool}: the MCP server failed: {_describe(exc)}", is_error=True)
         return render_result(result)
 
@@ -300,11 +352,24 @@ class MCPManager:
         if self._closed:
             return
         self._closed = True
+        for pending in list(self._renewals.values()):
+            try:
+                pending.result(PROBE_TIMEOUT_S + 5)
+            except Exception:
+                pending.cancel()
         for connection in list(self._connections.values()):
             try:
                 self._run(connection.close(), 20)
             except Exception:
                 pass
+
+        async def retired() -> None:
+            await asyncio.gather(*self._retired, return_exceptions=True)
+
+        try:
+            self._run(retired(), 20)
+        except Exception:
+            pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
 
