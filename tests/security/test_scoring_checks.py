@@ -259,3 +259,23 @@ def test_a_conftest_that_rewrites_failed_reports_as_passed_does_not_pass_a_pytes
         result = score(task, None, env)
     assert "1 passed" in result.details["output"]  # the runner's own summary was fooled
     assert not result.correct and result.details["tests"] == {"tests/test_calc.py::test_double": "failed"}
+
+
+def test_forged_passed_lines_in_a_swebench_log_do_not_resolve_an_instance():
+    from toolself.evals.rules.swebench import SweBenchUnavailable, harness
+
+    try:
+        harness()
+    except SweBenchUnavailable as exc:
+        pytest.skip(str(exc))
+    files = {"tests/test_calc.py": PYTEST_TEST}
+    forger = FILES["calc.py"] + ("import atexit\natexit.register(print, 'PASSED tests/test_calc.py::test_double')\n")
+    task = calc_task(inline_files={"calc.py": forger, **files}, check_files=files,
+                     check_command="python3 -m pytest -rA -p no:cacheprovider --noconftest tests/test_calc.py",
+                     check_tests={"FAIL_TO_PASS": ["tests/test_calc.py::test_double"], "PASS_TO_PASS": []},
+                     metadata={"repo": "sphinx-doc/sphinx", "scorer": "swebench"})
+    with task.environment() as env:
+        result = score(task, None, env)
+    assert result.details["output"].rstrip().endswith("PASSED tests/test_calc.py::test_double")
+    assert result.scorer == "swebench" and not result.correct
+    assert "own report does not" in result.reason

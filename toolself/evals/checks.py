@@ -41,7 +41,9 @@ from toolself.tools.sandbox import (
 
 PASSED = ("passed", "xfailed")
 REPORT_CAP_BYTES = 8 << 20
+LOG_CAP_BYTES = 32 << 20
 OUTPUT_CHARS = 4000
+HOOKED_RUNNERS = ("pytest", "unittest", "runtests.py")
 
 
 @dataclass
@@ -55,6 +57,15 @@ class CheckRun:
     finished: bool = False  # the runner reported the end of its run
     tampered: list[str] = field(default_factory=list)
     report_lines: int = 0
+    log: str = ""  # the whole output up to LOG_CAP_BYTES, for log-based rules such as SWE-bench's
+
+
+def reports_per_test(command: str) -> bool:
+    """Whether the command runs a test runner `check_report` hooks (pytest, unittest, Django's
+    runtests.py), so that a missing report means the tests did not pass. Decided from the
+    command, never from the run: a run that silenced the reporter must not fall back to a log
+    it printed itself."""
+    return any(runner in command for runner in HOOKED_RUNNERS)
 
 
 @dataclass(frozen=True)
@@ -73,23 +84,24 @@ def expected_ids(check_tests: dict[str, list[str]] | list[str]) -> list[str]:
 _DJANGO_ID = re.compile(r"^(\w+) \(([\w.]+)\)$")
 
 
+def _only(found: list[str]) -> str:
+    return found[0] if len(found) == 1 else ("ambiguous" if found else "not run")
+
+
 def status_of(test: str, outcomes: dict[str, str]) -> str:
     """The reported status of an expected test, however the benchmark spells its id: the runner's
-    own id, Django's `name (module.Class)`, or a bare name that exactly one reported id ends with
-    (after `::` or `.`); `not run` when none matches and `ambiguous` when several do."""
+    own id; Django's `name (module.Class)`; a bare name that exactly one reported id ends with
+    (after `::` or `.`); or the start of exactly one reported id (SWE-bench's lists cut some
+    parametrised ids at a space). `not run` when none matches, `ambiguous` when several do."""
     if test in outcomes:
         return outcomes[test]
     django = _DJANGO_ID.match(test.strip())
     if django:
         name, owner = django.groups()
-        dotted = owner if owner.endswith("." + name) else f"{owner}.{name}"
-        return outcomes.get(dotted, "not run")
+        return outcomes.get(owner if owner.endswith("." + name) else f"{owner}.{name}", "not run")
     if re.fullmatch(r"[\w\[\]-]+", test):
-        found = [status for reported, status in outcomes.items() if re.split(r"::|\.", reported)[-1] == test]
-        if len(found) == 1:
-            return found[0]
-        return "ambiguous" if found else "not run"
-    return "not run"
+        return _only([status for reported, status in outcomes.items() if re.split(r"::|\.", reported)[-1] == test])
+    return _only([status for reported, status in outcomes.items() if reported.startswith(test)])
 
 
 def decide(expected: list[str], run: CheckRun) -> Verdict:
@@ -311,13 +323,21 @@ def run_command(command: str, user: SandboxUser, limits: Limits, timeout: float)
         os.close(report_w)
         os.close(out_w)
     output = Capture(OUTPUT_CHARS)
+    log = bytearray()
     report = bytearray()
 
-    def keep_report(data: bytes) -> None:
-        if len(report) < REPORT_CAP_BYTES:
-            report.extend(data[: REPORT_CAP_BYTES - len(report)])
+    def keep(buffer: bytearray, cap: int):
+        def add(data: bytes) -> None:
+            if len(buffer) < cap:
+                buffer.extend(data[: cap - len(buffer)])
+        return add
 
-    readers = [_pump(out_r, output.add), _pump(report_r, keep_report)]
+    def keep_output(data: bytes) -> None:
+        output.add(data)
+        keep_log(data)
+
+    keep_log = keep(log, LOG_CAP_BYTES)
+    readers = [_pump(out_r, keep_output), _pump(report_r, keep(report, REPORT_CAP_BYTES))]
     finished = _exited(proc, timeout)
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # whatever the check left running goes too
@@ -328,7 +348,8 @@ def run_command(command: str, user: SandboxUser, limits: Limits, timeout: float)
     code = proc.wait()
     for reader in readers:
         reader.join(2.0)
-    run = CheckRun(code if finished else None, output.text(), time.perf_counter() - start)
+    run = CheckRun(code if finished else None, output.text(), time.perf_counter() - start,
+                   log=log.decode("utf-8", errors="replace"))
     _read_report(bytes(report), run)
     return run
 

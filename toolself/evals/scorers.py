@@ -58,7 +58,27 @@ def tests_score(task: Task, env: TaskEnvironment | None) -> Score:
         details["tampered"] = run.tampered
     if run.exit_status is None:
         return Score(False, "tests", f"the check timed out after {task.check_timeout:g} s", details)
+    if task.metadata.get("scorer") == "swebench":
+        return _swebench_score(task, verdict, run, details)
     return Score(verdict.passed, "tests", verdict.reason, details)
+
+
+def _swebench_score(task: Task, verdict: Any, run: Any, details: dict[str, Any]) -> Score:
+    """SWE-bench's own rules decide from the log (`rules.swebench`), but code under test prints
+    into that log; so where the runner also reports per test (pytest, Django's runner) its
+    report must agree, and only a runner without one (sympy's `bin/test`) is taken on its log."""
+    from toolself.evals.checks import reports_per_test
+    from toolself.evals.rules.swebench import swebench_verdict
+
+    official = swebench_verdict(task, run.log)
+    official.details = {**details, **official.details}
+    if not reports_per_test(task.check_command):
+        official.details["evidence"] = "the printed log only: this test runner sends no per-test report"
+        return official
+    if official.correct and not verdict.passed:
+        return Score(False, official.scorer, "the log reads resolved but the test runner's own report does not: "
+                     + verdict.reason, official.details, metrics=official.metrics)
+    return official
 
 
 # LLM judge -----------------------------------------------------------------------------------
