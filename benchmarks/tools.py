@@ -1,4 +1,5 @@
-"""Tool performance: BM25 over a 100k-document collection, and sandboxed session call overhead.
+"""Tool performance: BM25 over a 100k-document collection, sandboxed session call overhead, and
+the host-side file tools (link-safe editor and file_analyzer calls).
 
     python benchmarks/tools.py [--docs 100000] [--queries 300] [--calls 200]
 
@@ -22,6 +23,8 @@ import numpy as np
 from toolself.tools.base import ToolContext
 from toolself.tools.code import code_interpreter
 from toolself.tools.collection import Collection, Document
+from toolself.tools.editor import str_replace_editor
+from toolself.tools.files import file_analyzer
 from toolself.tools.search import search
 from toolself.tools.shell import execute_bash
 
@@ -142,6 +145,31 @@ def bench_sessions(n_calls: int) -> dict:
         ctx.close()
 
 
+def bench_files(n_calls: int) -> dict:
+    """Editor and file_analyzer calls on a 400-line file two folders deep, which each
+    str_replace changes, so that file_analyzer reads and splits it again every time."""
+    ctx = ToolContext.temporary()
+    try:
+        text = "".join(f"line {i} of a module\n" for i in range(400))
+        str_replace_editor({"command": "create", "path": "pkg/sub/mod.py", "file_text": text}, ctx)
+        file_analyzer({"path": "pkg/sub/mod.py"}, ctx)
+        timings: dict[str, list[float]] = {"editor_view": [], "editor_str_replace": [], "file_analyzer_text": []}
+        for i in range(n_calls):
+            for name, call in (
+                ("editor_view", lambda: str_replace_editor({"command": "view", "path": "pkg/sub/mod.py",
+                                                            "view_range": [10, 60]}, ctx)),
+                ("editor_str_replace", lambda: str_replace_editor({"command": "str_replace", "path": "pkg/sub/mod.py",
+                                                                   "old_str": f"line {i} of", "new_str": f"line {i} in"}, ctx)),
+                ("file_analyzer_text", lambda: file_analyzer({"path": "pkg/sub/mod.py"}, ctx)),
+            ):
+                t = time.perf_counter()
+                call()
+                timings[name].append(time.perf_counter() - t)
+        return {name: percentiles(values) for name, values in timings.items()}
+    finally:
+        ctx.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=100_000)
@@ -153,6 +181,7 @@ def main() -> None:
         "search": bench_search(args.docs, args.queries),
         "small_collection": bench_small_collection(),
         "sessions": bench_sessions(args.calls),
+        "files": bench_files(args.calls),
     }
     out["targets_met"] = {
         "search_p50_under_20ms": out["search"]["search_k5"]["p50_ms"] < 20,
