@@ -188,4 +188,24 @@ def test_the_shared_options_are_the_same_on_every_agent_command():
 
     full = options("run")
     assert len(full) == 12
-    assert options("eval") == full
+    assert options("eval") == options("train", "cat") == options("train", "study") == full
+
+
+def test_tool_options_survive_a_saved_pipeline_state(monkeypatch, tmp_path):
+    from toolself.tools.options import ToolOptions
+
+    monkeypatch.setenv("SERPER_API_KEY", "never-saved")
+    options = ToolOptions.parse(tools="search,visit", search="serper", search_url="http://127.0.0.1:9",
+                                judge="openai:j@http://127.0.0.1:9/v1", allow_missing=["read"])
+    saved = json.dumps(options.to_dict())
+    assert "never-saved" not in saved
+    assert ToolOptions.from_dict(json.loads(saved)) == options
+
+
+@needs_samples
+def test_train_cat_on_frames_without_search_or_judge_stops_before_any_work(tmp_path):
+    out = tmp_path / "cat"
+    result = runner.invoke(app, ["train", "cat", "--tasks", f"frames:{FRAMES}", "--teacher", "openai:t@http://127.0.0.1:9/v1",
+                                 "--out", str(out), "--limit", "1"])
+    assert result.exit_code == 2
+    assert "nothing was run" in " ".join(result.output.split()) and not out.exists()

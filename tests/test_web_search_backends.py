@@ -181,7 +181,7 @@ def test_the_backend_is_chosen_from_the_environment(monkeypatch):
 def test_settings_never_hold_a_key(monkeypatch):
     monkeypatch.setenv("SERPER_API_KEY", SECRET)
     settings = WebSettings.from_env()
-    assert SECRET not in json.dumps(settings.describe()) and SECRET not in repr(settings)
+    assert SECRET not in json.dumps(settings.to_dict()) and SECRET not in repr(settings)
     assert SECRET not in repr(make_backend("serper"))
 
 

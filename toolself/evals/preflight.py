@@ -181,3 +181,16 @@ class CheckingLoader:
         tasks = load_tasks(spec, split=split, limit=limit, seed=seed)
         self.warnings.extend(check({spec: tasks}, self.provided, self.allow))
         return tasks
+
+
+def check_specs(options: Any, specs: Sequence[tuple[str, str, int | None, int]]) -> list[str]:
+    """Load each (spec, split, limit, seed) and check its tasks against `options` (a
+    `ToolOptions`), for commands that hand the run to something else (a CAT pipeline)."""
+    pool = options.pool()
+    try:
+        loader = CheckingLoader(Provided.of(pool, options.web, options.judge), options.allow_missing)
+        for spec, split, limit, seed in specs:
+            loader(spec, split, limit, seed)
+        return loader.warnings
+    finally:
+        pool.close()

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from toolself.cli_options import ToolOptions, tool_options
 from toolself.models.local import DTYPE_HELP
 
 train_app = typer.Typer(help="CAT training: RFT on a teacher's successes, then trajectory-level KTO.",
@@ -33,6 +34,23 @@ def _fail(message: str) -> None:
 
 def _split(values: list[str]) -> list[str]:
     return [p.strip() for v in values for p in v.split(",") if p.strip()]
+
+
+def _tools_record(options: ToolOptions) -> dict[str, Any]:
+    """The options as the pipeline stores them; empty when they are the defaults, so that runs
+    made before these options existed still resume."""
+    return options.to_dict() if options != ToolOptions.parse() else {}
+
+
+def _preflight(options: ToolOptions, specs: list[tuple[str, str, Optional[int], int]]) -> None:
+    from toolself.evals.preflight import check_specs
+
+    try:
+        warnings = check_specs(options, specs)
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    for warning in warnings:
+        console.print(f"warning: {warning}", markup=False, highlight=False)
 
 
 def _train_kwargs(epochs: Optional[float], lr: Optional[float], batch_size: Optional[int],
@@ -320,6 +338,7 @@ def kto(
 
 
 @train_app.command("cat")
+@tool_options
 def cat_command(
     tasks: list[str] = typer.Option(..., "--tasks", "-t", help=TASKS_HELP + " Train split for collection."),
     out: Path = typer.Option(..., "--out", "-o", help="Pipeline folder (state.json; rerun to resume)."),
@@ -349,8 +368,10 @@ def cat_command(
     backend: str = typer.Option("local", help="Where collection attempts run: local | ray."),
     address: Optional[str] = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001)."),
     ray_cpus: float = typer.Option(1.0, help="Ray CPUs each attempt holds."),
+    tool_options: ToolOptions = ToolOptions(),
 ) -> None:
-    """CAT end to end: collect -> RFT -> collect -> KTO -> evaluate, resumable step by step."""
+    """CAT end to end: collect -> RFT -> collect -> KTO -> evaluate, resumable step by step.
+    Every task's needs (web search, a judge, ...) are checked before any work."""
     from toolself.train.pipeline import CATSettings, PipelineMismatch, StepDied, run_cat
 
     try:
@@ -360,11 +381,14 @@ def cat_command(
                                eval_limit=eval_limit, temperature=temperature, seed=seed, max_length=max_length,
                                method=method, dtype=dtype,
                                agent=json.loads(agent_options), rft=json.loads(rft_options),
-                               kto=json.loads(kto_options), concurrency=concurrency, timeout=timeout)
+                               kto=json.loads(kto_options), concurrency=concurrency, timeout=timeout,
+                               tools=_tools_record(tool_options))
     except json.JSONDecodeError as exc:
         _fail(f"an --*-options value is not JSON: {exc}")
     except ValueError as exc:
         _fail(str(exc))
+    _preflight(tool_options, [(s, "train", limit, seed) for s in settings.tasks]
+               + [(s, "heldout", eval_limit, settings.eval_seed) for s in settings.eval_tasks or settings.tasks])
     try:
         results = run_cat(settings, out, force=force, stop_after=stop_after,
                           echo=lambda line: console.print(line, markup=False, highlight=False),
@@ -376,6 +400,7 @@ def cat_command(
 
 
 @train_app.command("study")
+@tool_options
 def study_command(
     out: Path = typer.Option(Path("runs/cat-study"), "--out", "-o", help="Study folder (rerun to resume)."),
     preset: str = typer.Option("demo", help="Scale: demo (one seed, the `make cat-demo` run) | full (three seeds)."),
@@ -386,6 +411,7 @@ def study_command(
     force: bool = typer.Option(False, help="Continue a folder made with other settings."),
     backend: str = typer.Option("local", help="Where collection and evaluation attempts run: local | ray."),
     address: Optional[str] = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001)."),
+    tool_options: ToolOptions = ToolOptions(),
 ) -> None:
     """The paper's training claim on the built-in suites: CAT for ToolSelf and for the vanilla
     agent (same teacher, budget, recipe), trained on research, data and code, evaluated on all
@@ -403,6 +429,10 @@ def study_command(
             _fail(f"--seeds takes comma-separated integers, not {seeds!r}")
     if concurrency is not None:
         settings.cat["concurrency"] = concurrency
+    if _tools_record(tool_options):
+        settings.cat["tools"] = _tools_record(tool_options)
+    _preflight(tool_options, [(s, "train", settings.cat.get("limit"), 0) for s in settings.train_tasks]
+               + [(s, "heldout", settings.cat.get("eval_limit"), 0) for s in settings.eval_tasks])
     try:
         summary = run_study(settings, out, force=force, backend=_backend(backend, address, 1.0),
                             echo=lambda line: console.print(line, markup=False, highlight=False), isolate=True)

@@ -39,11 +39,12 @@ def collect(tasks: Sequence[str], model: Any, out: str | Path, samples: int, *, 
             split: str = "train",
             limit: int | None = None, temperature: float = 0.7, seed: int = 0, concurrency: int = 4,
             timeout: float | None = 600.0, settings: dict[str, Any] | None = None, pool: Any = None,
-            progress: bool = True, backend: Any = "local", dtype: str = "auto") -> CollectResult:
+            progress: bool = True, backend: Any = "local", dtype: str = "auto", judge: Any = None) -> CollectResult:
     """Run `samples` attempts per task with `model` (a spec such as `expert`, `embedded`,
     `local:DIR`, `openai:NAME@URL`, or a ChatModel) as `method` (`toolself`, or `vanilla` for
     the static-configuration control) into the runner folder `out`; rerunning resumes it.
-    backend: where the attempts run (`local`, `ray`, a runner Backend)."""
+    backend: where the attempts run (`local`, `ray`, a runner Backend); judge: the judge of
+    free-text answers (a spec or an LLMJudge), whose verdicts label the trajectories."""
     from toolself.evals.runner import default_pool, model_options, run_eval
     from toolself.train.data import tool_schemas
 
@@ -54,7 +55,7 @@ def collect(tasks: Sequence[str], model: Any, out: str | Path, samples: int, *, 
     options = model_options(model, temperature, seed, dtype) if isinstance(model, str) else {}
     summary = run_eval(list(tasks), [method], model, out, repeats=samples, split=split, limit=limit, seed=seed,
                        concurrency=concurrency, timeout=timeout, settings=settings, pool=pool,
-                       model_options=options, progress=progress, backend=backend)
+                       model_options=options, progress=progress, backend=backend, judge=judge)
     return CollectResult(run_dir=str(out), attempts=summary.attempts, ran=summary.ran,
                          correct=sum(r.correct for r in summary.records),
                          errors=sum(r.status == "error" for r in summary.records),

@@ -58,6 +58,7 @@ class CATSettings:
     timeout: float | None = 600.0
     dtype: str = "auto"
     evaluate: tuple[str, ...] = EVALUATED
+    tools: dict[str, Any] = field(default_factory=dict)  # `ToolOptions.to_dict()`; empty: the default pool
 
     def __post_init__(self) -> None:
         from toolself.variants import settings_for
@@ -71,6 +72,8 @@ class CATSettings:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["evaluate"] = list(self.evaluate)
+        if not d["tools"]:
+            del d["tools"]  # so that runs saved before the field existed resume
         return d
 
 
@@ -129,15 +132,32 @@ def student_spec(settings: CATSettings) -> str:
     return f"local:{resolve_model_path(settings.student)}"
 
 
+def tool_options(settings: CATSettings, out: Path) -> Any:
+    """The run's tool options (search, visit, judge, pool), with web answers cached in `out`;
+    None when the run takes the defaults."""
+    if not settings.tools:
+        return None
+    from toolself.tools.options import ToolOptions
+
+    return ToolOptions.from_dict(settings.tools).with_cache(Path(out) / "web_cache")
+
+
 def evaluate(settings: CATSettings, model: str, out: Path, backend: Any = "local") -> Any:
     """One model on the held-out split, run as every evaluation of a CAT run is; returns the
     runner's summary."""
     from toolself.evals.runner import run_eval
 
-    return run_eval(settings.eval_tasks or settings.tasks, [settings.method], model, out, split="heldout",
-                    limit=settings.eval_limit, seed=settings.eval_seed, concurrency=settings.concurrency,
-                    timeout=settings.timeout, settings=agent_overrides(settings), backend=backend,
-                    model_options={"dtype": settings.dtype})
+    options = tool_options(settings, out)
+    pool = options.pool() if options else None
+    try:
+        return run_eval(settings.eval_tasks or settings.tasks, [settings.method], model, out, split="heldout",
+                        limit=settings.eval_limit, seed=settings.eval_seed, concurrency=settings.concurrency,
+                        timeout=settings.timeout, settings=agent_overrides(settings), backend=backend,
+                        model_options={"dtype": settings.dtype}, pool=pool,
+                        judge=options.judge if options else None)
+    finally:
+        if pool is not None:
+            pool.close()
 
 
 def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_after: str | None = None,
@@ -195,10 +215,17 @@ def run_step(settings: CATSettings, out: Path, step: str, echo: Callable[[str], 
         return AutoTokenizer.from_pretrained(str(student))
 
     def collect_train(model: str, folder: str, samples: int, limit: int | None) -> dict[str, Any]:
-        return collect(settings.tasks, model, out / "collect" / folder, samples, method=settings.method,
-                       split="train", limit=limit, temperature=settings.temperature, seed=settings.seed,
-                       concurrency=settings.concurrency, timeout=settings.timeout,
-                       settings=agent_overrides(settings), backend=backend, dtype=settings.dtype).to_dict()
+        options = tool_options(settings, out)
+        pool = options.pool() if options else None
+        try:
+            return collect(settings.tasks, model, out / "collect" / folder, samples, method=settings.method,
+                           split="train", limit=limit, temperature=settings.temperature, seed=settings.seed,
+                           concurrency=settings.concurrency, timeout=settings.timeout,
+                           settings=agent_overrides(settings), backend=backend, dtype=settings.dtype, pool=pool,
+                           judge=options.judge if options else None).to_dict()
+        finally:
+            if pool is not None:
+                pool.close()
 
     def step_collect_teacher() -> dict[str, Any]:
         return collect_train(settings.teacher, "teacher", settings.teacher_samples, settings.limit)

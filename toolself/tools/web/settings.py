@@ -90,7 +90,15 @@ class WebSettings:
     def page_reader(self) -> PageReader:
         return make_reader(self.reader, self.reader_url, self.retry)
 
-    def describe(self) -> dict[str, object]:
-        """For run records and report headers: names and endpoints, never a key."""
+    def to_dict(self) -> dict[str, object]:
+        """For run records and saved settings: names and endpoints, never a key."""
         return {"search": self.search, "search_url": self.search_url, "reader": self.reader,
-                "reader_url": self.reader_url, "visit_model": self.visit_model}
+                "reader_url": self.reader_url, "visit_model": self.visit_model,
+                "cache_dir": str(self.cache_dir) if self.cache_dir else None, "online": self.online}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> "WebSettings":
+        values = dict(data)
+        if values.get("cache_dir"):
+            values["cache_dir"] = Path(str(values["cache_dir"]))
+        return cls(**values)
