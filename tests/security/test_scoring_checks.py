@@ -7,6 +7,7 @@ written, no task scored solved that was not.
 """
 
 import os
+import sys
 import stat
 import tempfile
 import time
@@ -279,3 +280,15 @@ def test_forged_passed_lines_in_a_swebench_log_do_not_resolve_an_instance():
     assert result.details["output"].rstrip().endswith("PASSED tests/test_calc.py::test_double")
     assert result.scorer == "swebench" and not result.correct
     assert "own report does not" in result.reason
+
+
+def test_a_pth_file_planted_in_the_workspaces_user_site_is_not_loaded_by_the_check():
+    task = builtin_code_task()
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    with task.environment() as env:
+        site = env.workspace / ".local" / "lib" / version / "site-packages"
+        site.mkdir(parents=True)
+        (site / "zz.pth").write_text("import unittest; unittest.TestCase.assertEqual = lambda *a, **k: None; "
+                                     "unittest.TestCase.assertTrue = unittest.TestCase.assertFalse = unittest.TestCase.assertEqual\n")
+        result = score(task, None, env)
+    assert not result.correct and "did not pass" in result.reason
