@@ -18,7 +18,6 @@ from typing import Any
 
 import httpx
 
-from toolself.models.openai_compat import MAX_RETRY_AFTER, parse_retry_after
 from toolself.tools.base import ToolError
 
 
@@ -48,6 +47,8 @@ def api_key(names: tuple[str, ...]) -> str | None:
 
 
 def _delay(policy: RetryPolicy, attempt: int, response: httpx.Response | None) -> float:
+    from toolself.models.openai_compat import MAX_RETRY_AFTER, parse_retry_after
+
     delay = min(policy.max_delay, policy.backoff * 2 ** attempt) * random.uniform(0.5, 1.0)
     asked = parse_retry_after(response.headers) if response is not None else None
     if asked is not None:
