@@ -208,9 +208,13 @@ def _replace_file(dirfd: int, name: str, data: bytes, user: SandboxUser | None) 
     os.rename(temporary, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
 
 
-def restore_files(workspace: Path, files: dict[str, str | bytes], user: SandboxUser | None = None) -> None:
-    """Put the grader's copy of each file in place, never following a link (see the module)."""
-    root = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+def restore_files(workspace: Path | int, files: dict[str, str | bytes], user: SandboxUser | None = None) -> None:
+    """Put the grader's copy of each file in place, never following a link (see the module).
+    `workspace`: a descriptor of it (the context's, taken before the attempt ran) or its path."""
+    if isinstance(workspace, int):
+        root = os.dup(workspace)
+    else:
+        root = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         for relative, content in files.items():
             parts = _parts(relative)
@@ -377,6 +381,6 @@ def check_attempt(ctx: Any, command: str, files: dict[str, str | bytes], expecte
                   timeout: float, limits: Limits | None = None) -> tuple[Verdict, CheckRun]:
     """Stop the attempt, restore the grader's files, run the command in its sandbox, decide."""
     user = stop_attempt(ctx)
-    restore_files(Path(ctx.workspace), files, user)
+    restore_files(ctx.root_fd if hasattr(ctx, "root_fd") else Path(ctx.workspace), files, user)
     run = run_command(command, user, limits or limits_for(ctx), timeout)
     return decide(expected, run), run
