@@ -165,10 +165,12 @@ def test_eval_with_the_judge_allowed_missing_warns_and_scores_by_the_fallback(tm
     with serving(policy) as url, search.running() as search_url:
         result = runner.invoke(app, ["eval", "--tasks", f"frames:{FRAMES}", "--model", f"openai:p@{url}",
                                      "--search", "serper", "--search-url", search_url, "--allow-missing", "judge",
-                                     "--out", str(out), "--limit", "1", "--methods", "vanilla", "--no-report"])
+                                     "--out", str(out), "--limit", "1", "--methods", "vanilla"])
     assert result.exit_code == 0, result.output
     assert "exact_fallback" in " ".join(result.output.split())
     assert "exact_fallback" in json.loads((out / "preflight.json").read_text())["warnings"][0]
+    header = (out / "report" / "report.md").read_text().split("## Accuracy")[0]
+    assert "**warning**: allowed missing an LLM judge" in header
     [record] = [json.loads(line) for line in (out / "vanilla" / "results.jsonl").read_text().splitlines()]
     assert record["scorer"] == "exact_fallback"
 

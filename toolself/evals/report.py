@@ -512,6 +512,9 @@ def write_report(dirs: Sequence[Path], out: Path | None = None, compare_runs: bo
         s = run.settings
         md.append(f"- `{run.folder}`: model `{s.get('model', '?')}`, split `{s.get('split', '?')}`, "
                   f"{len(run.records)} attempts, repeats {s.get('repeats', '?')}, timeout {s.get('timeout', '?')} s")
+        preflight = run.folder / "preflight.json"  # needs the run was allowed to miss (`--allow-missing`)
+        if preflight.exists():
+            md += [f"  - **warning**: {w}" for w in json.loads(preflight.read_text(encoding="utf-8"))["warnings"]]
     repeats = max((c.repeats for c in table.cells.values()), default=1)
     md += ["", "## Accuracy (%)", "",
            "Mean over repeats ± standard error across repeats." if repeats > 1 else
