@@ -189,12 +189,59 @@ def test_the_gpu_benchmark_runs_in_miniature_on_a_cpu(tmp_path, tiny):
     assert report["device"]["device"] == "cpu" and "torch" in report["versions"]
 
 
+def run_recipe(env_overrides: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TOOLSELF": f"{sys.executable} -m toolself", "PYTHON": sys.executable, **env_overrides}
+    return subprocess.run(["bash", str(ROOT / "scripts" / "cat-qwen3.sh")], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=env)
+
+
 @pytest.mark.slow
 def test_the_qwen3_recipe_script_runs_end_to_end_in_miniature(tmp_path, tiny):
-    env = {**os.environ, "CAT_MINIATURE": "1", "MODEL": str(tiny), "OUT": str(tmp_path / "run")}
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "cat-qwen3.sh")], capture_output=True, text=True,
-                          timeout=600, cwd=ROOT, env=env)
+    out = tmp_path / "run"
+    done = run_recipe({"CAT_MINIATURE": "1", "MODEL": str(tiny), "OUT": str(out)}, timeout=600)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
-    state = json.loads((tmp_path / "run" / "state.json").read_text())
-    assert all(step["done"] for step in state["steps"].values()) and "evaluate" in state["steps"]
-    assert state["settings"]["temperature"] > 0
+    for adapter in ("rft", "kto"):
+        assert (out / adapter / "adapter_model.safetensors").is_file()
+    for model in ("student", "rft", "kto"):
+        assert json.loads((out / "eval" / model / "summary.json").read_text())
+    policy = json.loads((out / "policy" / "run.json").read_text())
+    assert policy["model_options"]["temperature"] > 0  # the K attempts at a task are samples, not one greedy reply
+    assert (out / "report" / "report.md").is_file()
+
+
+FRAMES_ROWS = [("", "Prompt", "Answer", "wiki_links", "reasoning_types")] + [
+    (str(i), f"Question {i}?", f"Answer {i}", "['https://en.wikipedia.org/wiki/X']", "Numerical reasoning")
+    for i in range(10)]
+
+
+def frames_file(folder: Path) -> Path:
+    path = folder / "test.tsv"
+    path.write_text("".join("\t".join(row) + "\n" for row in FRAMES_ROWS), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("missing, message", [("JUDGE", "set JUDGE=openai:NAME@URL"),
+                                              ("SEARCH", "set SEARCH=searxng|serper|tavily|brave|jina")])
+def test_the_qwen3_recipe_refuses_frames_without_a_judge_or_a_search_backend(tmp_path, tiny, missing, message):
+    env = {"MODEL": str(tiny), "OUT": str(tmp_path / "run"), "TEACHER": "openai:t@http://127.0.0.1:9/v1",
+           "FRAMES": str(frames_file(tmp_path)), "JUDGE": "openai:j@http://127.0.0.1:9/v1", "SEARCH": "searxng"}
+    env[missing] = ""
+    done = run_recipe(env, timeout=60)
+    assert done.returncode == 2 and message in done.stderr
+    assert not (tmp_path / "run" / "teacher").exists()
+
+
+def test_a_carved_frames_split_is_seeded_disjoint_and_keeps_each_questions_id(tmp_path):
+    from toolself.evals.loaders import load_tasks
+    from toolself.train.splits import carve
+
+    source = frames_file(tmp_path)
+    train, test = carve(source, tmp_path / "a", train=3, seed=7, name="frames")
+    again = carve(source, tmp_path / "b", train=3, seed=7, name="frames")
+    assert [p.read_text() for p in (train, test)] == [p.read_text() for p in again]
+    assert carve(source, tmp_path / "c", train=3, seed=8)[0].read_text() != train.read_text()
+    train_tasks, test_tasks = load_tasks(f"frames:{train}"), load_tasks(f"frames:{test}")
+    assert {t.split for t in train_tasks} == {"train"} and {t.split for t in test_tasks} == {"test"}
+    ids = [t.id for t in train_tasks] + [t.id for t in test_tasks]
+    assert len(train_tasks) == 3 and sorted(ids) == sorted(f"frames-{i}" for i in range(10))
+    assert all(t.question == f"Question {t.id.split('-')[1]}?" for t in train_tasks)

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# CAT on Qwen3-8B, end to end: carve a FRAMES train split, K=4 sampled teacher attempts per
+# training task, RFT (LoRA), K=4 sampled attempts of the RFT model, trajectory-level KTO, then
+# the student, RFT and KTO models on the held-out questions (greedy). Every step resumes: rerun
+# the same command after an interruption. docs/training.md explains each step.
+#
+#   MODEL=/models/Qwen3-8B TEACHER=openai:Qwen/Qwen3-235B-A22B@http://teacher:8000/v1 \
+#   JUDGE=openai:Qwen/Qwen3-235B-A22B@http://teacher:8000/v1 SEARCH=searxng SEARX_HOST=http://searx:8080 \
+#   FRAMES=data/frames/test.tsv scripts/cat-qwen3.sh
+#
+# Optional: OUT (runs/cat-qwen3), SEED (0), FRAMES_TRAIN (300 questions for training, the rest
+# held out), CONCURRENCY (32), LAUNCH (a launcher for the two training commands, e.g.
+# "accelerate launch --config_file toolself/train/accelerate/zero2.yaml"), VLLM (vllm: the
+# command that serves the RFT and KTO adapters with --enable-lora; without it the adapters run
+# in toolself's own engine, `local:DIR`).
+#
+# CAT_MINIATURE=1 runs the same steps on the built-in research suite with the expert teacher
+# and MODEL a tiny model directory (toolself.train.shapes), on a CPU: CI runs it so that this
+# script cannot rot.
+set -euo pipefail
+
+die() { echo "cat-qwen3: $*" >&2; exit 2; }
+
+OUT=${OUT:-runs/cat-qwen3}
+SEED=${SEED:-0}
+TOOLSELF=${TOOLSELF:-toolself}  # e.g. "python -m toolself"
+PYTHON=${PYTHON:-python3}
+MODEL=${MODEL:-}
+[ -n "$MODEL" ] || die "set MODEL to the student's model directory (e.g. /models/Qwen3-8B)"
+[ -f "$MODEL/config.json" ] || die "MODEL=$MODEL holds no config.json: not a transformers model directory"
+# Rejection sampling draws K attempts per task: they must differ, so collections sample.
+TEMPERATURE=0.7
+REPEATS=4
+
+if [ "${CAT_MINIATURE:-0}" = 1 ]; then
+  TEACHER=expert
+  TRAIN_TASKS="builtin:research?hops=2"; TEST_TASKS="builtin:research?hops=2"
+  TRAIN_SPLIT=train; TEST_SPLIT=heldout
+  REPEATS=2; CONCURRENCY=${CONCURRENCY:-2}
+  EVAL_ARGS=(--limit 1 --max-stages 3 --max-steps 4 --timeout 300)
+  RFT_ARGS=(--max-steps 1 --batch-size 2 --grad-accum 1 --max-length 512)
+  KTO_ARGS=(--max-steps 1 --batch-size 2 --grad-accum 1 --max-length 512)
+  VLLM=""
+else
+  TEACHER=${TEACHER:-}
+  [ -n "$TEACHER" ] || die "set TEACHER=openai:NAME@URL, the teacher's OpenAI-compatible server (the paper: Qwen3-235B)"
+  [ -n "${FRAMES:-}" ] || die "set FRAMES to the FRAMES file (the frames-benchmark test.tsv); a train split is carved from it"
+  [ -f "$FRAMES" ] || die "FRAMES=$FRAMES does not exist"
+  [ -n "${JUDGE:-}" ] || die "FRAMES answers are free text, scored by an LLM judge: set JUDGE=openai:NAME@URL"
+  [ -n "${SEARCH:-}" ] || die "FRAMES questions are answered from the web: set SEARCH=searxng|serper|tavily|brave|jina and its variable (SEARX_HOST, SERPER_API_KEY, TAVILY_API_KEY, BRAVE_API_KEY or JINA_API_KEY)"
+  $PYTHON -m toolself.train.splits "$FRAMES" --train "${FRAMES_TRAIN:-300}" --seed "$SEED" --name frames \
+      --out "$OUT/data" >/dev/null
+  TRAIN_TASKS="frames:$OUT/data/frames_train.tsv"; TEST_TASKS="frames:$OUT/data/frames_test.tsv"
+  TRAIN_SPLIT=train; TEST_SPLIT=test
+  CONCURRENCY=${CONCURRENCY:-32}
+  EVAL_ARGS=(--judge "$JUDGE" --search "$SEARCH")
+  RFT_ARGS=(--max-length 16384 --batch-size 2 --grad-accum 4 --epochs 2)
+  KTO_ARGS=(--max-length 16384 --batch-size 4 --grad-accum 2)
+  VLLM=${VLLM-vllm}
+  if [ -n "$VLLM" ] && ! command -v "$VLLM" >/dev/null; then
+    echo "cat-qwen3: $VLLM not found: the adapters run in toolself's own engine (local:DIR)" >&2
+    VLLM=""
+  fi
+fi
+LAUNCH=${LAUNCH:-}
+
+collect() {  # collect NAME MODEL TASKS SPLIT TEMPERATURE REPEATS
+  $TOOLSELF eval --model "$2" --tasks "$3" --split "$4" --temperature "$5" --repeats "$6" --seed "$SEED" \
+      --concurrency "$CONCURRENCY" "${EVAL_ARGS[@]}" --no-report --out "$OUT/$1"
+}
+
+# the vLLM servers this script started, stopped when it ends
+trap 'for f in "$OUT"/vllm-*.pid; do [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null; rm -f "$f"; done' EXIT
+
+serve() {  # serve NAME BASE ADAPTER PORT: start vLLM with the adapter (once); print its model spec
+  if [ -z "$VLLM" ]; then
+    echo "local:$3"
+    return
+  fi
+  if [ ! -f "$OUT/vllm-$1.pid" ]; then
+    "$VLLM" serve "$2" --enable-lora --max-lora-rank 16 --lora-modules "$1=$3" --port "$4" \
+        >"$OUT/vllm-$1.log" 2>&1 &
+    echo $! >"$OUT/vllm-$1.pid"
+  fi
+  for _ in $(seq 600); do
+    curl -sf "http://127.0.0.1:$4/v1/models" >/dev/null && break
+    sleep 2
+  done
+  curl -sf "http://127.0.0.1:$4/v1/models" >/dev/null || die "vLLM did not come up on port $4: see $OUT/vllm-$1.log"
+  echo "openai:$1@http://127.0.0.1:$4/v1"
+}
+
+mkdir -p "$OUT"
+echo "== 1. teacher: $REPEATS attempts per training task at temperature $TEMPERATURE"
+collect teacher "$TEACHER" "$TRAIN_TASKS" "$TRAIN_SPLIT" "$TEMPERATURE" "$REPEATS"
+
+echo "== 2. RFT of $MODEL on the teacher's successes"
+[ -f "$OUT/rft/adapter_config.json" ] || \
+  $LAUNCH $TOOLSELF train rft --trajectories "$OUT/teacher" --student "$MODEL" --out "$OUT/rft" --seed "$SEED" \
+      --resume "${RFT_ARGS[@]}"
+
+echo "== 3. the RFT model: $REPEATS attempts per training task at temperature $TEMPERATURE"
+RFT=$(serve rft "$MODEL" "$OUT/rft" 8001)
+collect policy "$RFT" "$TRAIN_TASKS" "$TRAIN_SPLIT" "$TEMPERATURE" "$REPEATS"
+
+echo "== 4. trajectory-level KTO on the RFT model's attempts"
+[ -f "$OUT/kto/adapter_config.json" ] || \
+  $LAUNCH $TOOLSELF train kto --policy "$OUT/rft" --trajectories "$OUT/policy" --out "$OUT/kto" --seed "$SEED" \
+      --resume "${KTO_ARGS[@]}"
+
+echo "== 5. student, RFT and KTO on the held-out questions (greedy)"
+KTO=$(serve kto "$OUT/kto/base" "$OUT/kto" 8002)
+STUDENT="local:$MODEL"
+[ -z "$VLLM" ] || STUDENT="openai:$MODEL@http://127.0.0.1:8001/v1"  # the RFT server's base model
+collect eval/student "$STUDENT" "$TEST_TASKS" "$TEST_SPLIT" 0 1
+collect eval/rft "$RFT" "$TEST_TASKS" "$TEST_SPLIT" 0 1
+collect eval/kto "$KTO" "$TEST_TASKS" "$TEST_SPLIT" 0 1
+$TOOLSELF report "$OUT/eval/student" "$OUT/eval/rft" "$OUT/eval/kto" --out "$OUT/report"
+echo "done: $OUT"
