@@ -292,3 +292,18 @@ def test_a_pth_file_planted_in_the_workspaces_user_site_is_not_loaded_by_the_che
                                      "unittest.TestCase.assertTrue = unittest.TestCase.assertFalse = unittest.TestCase.assertEqual\n")
         result = score(task, None, env)
     assert not result.correct and "did not pass" in result.reason
+
+
+def test_a_jsonl_task_whose_check_names_no_tests_is_refused_when_loaded(tmp_path):
+    import json
+
+    from toolself.evals.loaders import load_tasks
+
+    rows = [{"id": "named", "question": "q", "check_command": "python3 -m unittest tests.test_calc",
+             "check_tests": ["tests.test_calc.TestDouble.test_double"], "check_files": {"tests/test_calc.py": TEST}},
+            {"id": "unnamed", "question": "q", "check_command": "true"}]
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    tasks = load_tasks(f"jsonl:{tmp_path / 'tasks.jsonl'}")
+    assert [t.id for t in tasks] == ["named"]
+    assert tasks[0].check_tests == {"tests": ["tests.test_calc.TestDouble.test_double"]}
+    assert "check_tests" in tasks.skipped[0].reason

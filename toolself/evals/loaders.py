@@ -10,7 +10,8 @@
     hotpotqa:PATH    HotpotQA (original JSON or the processed JSONL); paragraphs become the collection
     gsm8k:PATH       GSM8K JSONL; the answer is what follows `####`
     jsonl:PATH       plain JSONL with `question` and `answer` (optional: id, level, split, files next
-                     to the JSONL, check_command, scorer, metadata)
+                     to the JSONL, check_command with the check_tests it must report passed and the
+                     check_files it restores, scorer, metadata)
 
 Without a prefix the format is inferred from the file when its first row says so unambiguously.
 Nothing is ever fetched: a path is read or the load fails with a message naming it. A malformed
@@ -551,6 +552,10 @@ def load_jsonl(path: Path, split: str | None, options: dict[str, str], skipped: 
         check = record.get("check_command")
         if answer is None and not check:
             raise RowError("needs 'answer' (or 'check_command')")
+        tests = record.get("check_tests") or {}
+        if check and not tests:
+            raise RowError("a check_command needs check_tests: the ids of the tests that must pass "
+                           "(its exit status alone never decides; see toolself.evals.checks)")
         metadata = dict(record.get("metadata") or {})
         if record.get("scorer"):
             metadata["scorer"] = record["scorer"]
@@ -561,7 +566,8 @@ def load_jsonl(path: Path, split: str | None, options: dict[str, str], skipped: 
         return Task(id=str(record.get("id") or f"{path.stem}-{line}"), question=str(question).strip(),
                     answer=None if answer is None else str(answer), level=record.get("level"), family="jsonl",
                     split=str(record.get("split") or split_name), metadata=metadata, files=files,
-                    check_command=check)
+                    check_command=check, check_files=dict(record.get("check_files") or {}),
+                    check_tests={"tests": [str(t) for t in tests]} if isinstance(tests, list) else dict(tests))
 
     return _each(path, skipped, make)
 
