@@ -175,6 +175,15 @@ def builtin_code_task() -> Task:
     return generate_suite("code", "heldout", n=1, seed=3)[0]
 
 
+def score_with_planted(task: Task, files: dict[str, str]):
+    """The score of an attempt that only wrote these files."""
+    with task.environment() as env:
+        for relative, text in files.items():
+            (env.workspace / relative).parent.mkdir(parents=True, exist_ok=True)
+            (env.workspace / relative).write_text(text)
+        return score(task, None, env)
+
+
 def test_os_exit_in_a_planted_test_file_does_not_pass_a_code_task():
     task = builtin_code_task()
     with task.environment() as env:
@@ -185,30 +194,23 @@ def test_os_exit_in_a_planted_test_file_does_not_pass_a_code_task():
 
 def test_os_exit_in_the_code_under_test_does_not_pass_a_code_task():
     task = builtin_code_task()
-    package = task.metadata["package"]
-    with task.environment() as env:
-        (env.workspace / package / "__init__.py").write_text("import os\nos._exit(0)\n")
-        result = score(task, None, env)
+    result = score_with_planted(task, {f"{task.metadata['package']}/__init__.py": "import os\nos._exit(0)\n"})
     assert not result.correct and result.details["exit_status"] == 0
     assert "never reported the end of its run" in result.reason
 
 
 def test_a_planted_tests_package_init_is_restored():
-    task = builtin_code_task()
-    with task.environment() as env:
-        (env.workspace / "tests" / "__init__.py").write_text("import os\nos._exit(0)\n")
-        result = score(task, None, env)
+    result = score_with_planted(builtin_code_task(), {"tests/__init__.py": "import os\nos._exit(0)\n"})
     assert not result.correct and "did not pass" in result.reason
+
+
+REPLACE_ASSERTIONS = ("import unittest\nunittest.TestCase.assertEqual = lambda *a, **k: None\n"
+                      "unittest.TestCase.assertTrue = unittest.TestCase.assertFalse = unittest.TestCase.assertEqual\n")
 
 
 def test_replacing_the_assertions_from_the_code_under_test_is_caught():
     task = builtin_code_task()
-    package = task.metadata["package"]
-    with task.environment() as env:
-        (env.workspace / package / "__init__.py").write_text(
-            "import unittest\nunittest.TestCase.assertEqual = lambda *a, **k: None\n"
-            "unittest.TestCase.assertTrue = lambda *a, **k: None\nunittest.TestCase.assertFalse = lambda *a, **k: None\n")
-        result = score(task, None, env)
+    result = score_with_planted(task, {f"{task.metadata['package']}/__init__.py": REPLACE_ASSERTIONS})
     assert not result.correct and "replaced" in result.reason
     assert "TestCase.assertEqual" in result.details["tampered"]
 
@@ -223,7 +225,8 @@ def test_the_expert_fix_of_a_builtin_code_task_passes():
     assert result.correct, result.reason
 
 
-PYTEST_TEST = "from calc import double\n\n\ndef test_double():\n    assert double(2) == 4\n    assert double(-3) == -6\n"
+PYTEST_TEST = ("from calc import double\n\n\ndef test_double():\n"
+               "    assert double(2) == 4\n    assert double(-3) == -6\n")
 FORGING_CONFTEST = """import pytest
 
 
@@ -283,14 +286,10 @@ def test_forged_passed_lines_in_a_swebench_log_do_not_resolve_an_instance():
 
 
 def test_a_pth_file_planted_in_the_workspaces_user_site_is_not_loaded_by_the_check():
-    task = builtin_code_task()
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    with task.environment() as env:
-        site = env.workspace / ".local" / "lib" / version / "site-packages"
-        site.mkdir(parents=True)
-        (site / "zz.pth").write_text("import unittest; unittest.TestCase.assertEqual = lambda *a, **k: None; "
-                                     "unittest.TestCase.assertTrue = unittest.TestCase.assertFalse = unittest.TestCase.assertEqual\n")
-        result = score(task, None, env)
+    pth = "exec(" + repr(REPLACE_ASSERTIONS) + ")\n"  # a .pth runs its lines that start with `import`
+    planted = {f".local/lib/{version}/site-packages/zz.pth": "import builtins; " + pth}
+    result = score_with_planted(builtin_code_task(), planted)
     assert not result.correct and "did not pass" in result.reason
 
 

@@ -166,7 +166,8 @@ def pytest_configure(config) -> None:
             outcome = yield
             report = outcome.get_result()
             status = _pytest_outcome(report)
-            if call.excinfo is not None and status == "passed" and not call.excinfo.errisinstance(pytest.skip.Exception):
+            raised = call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception)
+            if raised and status == "passed":
                 status = "failed"
             if call.when == "call" or status != "passed":
                 emit({"id": report.nodeid, "outcome": status, "when": call.when, "seen": "inner"})
