@@ -56,9 +56,13 @@ def suite_key() -> str:
         return path.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
         pass
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     temporary = path.with_name(f".suite.key.{secrets.token_hex(6)}")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise RuntimeError(f"cannot make the built-in suites' key {path} ({exc.strerror}): set {KEY_VARIABLE} "
+                           "or TOOLSELF_CACHE to a folder you can write") from None
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(secrets.token_hex(32) + "\n")
     try:
