@@ -211,3 +211,9 @@ def test_train_cat_on_frames_without_search_or_judge_stops_before_any_work(tmp_p
                                  "--out", str(out), "--limit", "1"])
     assert result.exit_code == 2
     assert "nothing was run" in " ".join(result.output.split()) and not out.exists()
+
+
+def test_an_unknown_need_to_allow_missing_is_refused_with_the_choices(tmp_path):
+    result = runner.invoke(app, ["run", "x", "--allow-missing", "telepathy", "--model", "openai:x@http://127.0.0.1:9/v1",
+                                 "--out", str(tmp_path / "t.jsonl")])
+    assert result.exit_code == 2 and "expected some of" in " ".join(result.output.split())

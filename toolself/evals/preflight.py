@@ -107,6 +107,13 @@ def unmet(needs: TaskNeeds, provided: Provided) -> dict[str, str]:
     return out
 
 
+def known_needs(names: Iterable[str]) -> set[str]:
+    unknown = set(names) - set(NEEDS)
+    if unknown:
+        raise ValueError(f"--allow-missing {sorted(unknown)}: expected some of {list(NEEDS)}")
+    return set(names)
+
+
 class PreflightError(ValueError):
     """Tasks need what the run does not provide; nothing was run."""
 
@@ -114,10 +121,7 @@ class PreflightError(ValueError):
 def check(datasets: Mapping[str, Sequence[Any]], provided: Provided, allow: Iterable[str] = ()) -> list[str]:
     """Raise `PreflightError` naming every unmet need (except those in `allow`); return the
     warnings for needs allowed missing, for the run's header."""
-    allow = set(allow)
-    unknown = allow - set(NEEDS)
-    if unknown:
-        raise ValueError(f"--allow-missing {sorted(unknown)}: expected some of {list(NEEDS)}")
+    allow = known_needs(allow)
     found: dict[str, list[tuple[str, str, str]]] = {}
     for spec, tasks in datasets.items():
         for task in tasks:
@@ -138,10 +142,10 @@ def check(datasets: Mapping[str, Sequence[Any]], provided: Provided, allow: Iter
         else:
             errors.append(line)
     if errors:
+        missing = ",".join(n for n in NEEDS if n in found and n not in allow)
         raise PreflightError("these tasks need what this run does not provide; nothing was run:\n"
                              + "\n".join(f"  - {e}" for e in errors)
-                             + f"\nProvide it, or pass --allow-missing {','.join(n for n in NEEDS if n in found and n not in allow)} "
-                               "to run anyway.")
+                             + f"\nProvide it, or pass --allow-missing {missing} to run anyway.")
     return warnings
 
 
@@ -150,6 +154,7 @@ def check_free_task(options: Any, pool: Any) -> list[str]:
     """`toolself run`'s check: a task in words declares no needs, so only a pool that was asked
     for `search` or `visit` by name (`--tools`) must have a source for them; the default pool
     gets a warning instead, since the task may need neither."""
+    known_needs(options.allow_missing)
     provided = Provided.of(pool, options.web, options.judge)
     sourceless = options.docs is None
     missing = {}

@@ -35,9 +35,8 @@ class ToolOptions:
               search_url: str | None = None, reader: str | None = None, reader_url: str | None = None,
               visit_model: str | None = None, judge: str | None = None,
               allow_missing: list[str] = ()) -> "ToolOptions":
-        """Raises ValueError naming the option at fault."""
-        from toolself.evals.preflight import NEEDS
-
+        """Raises ValueError naming the option at fault (`--allow-missing` values are checked
+        where needs are known, `evals.preflight`)."""
         if docs is not None and not Path(docs).exists():
             raise ValueError(f"--docs {docs} does not exist")
         if tools_config is not None and not Path(tools_config).is_file():
@@ -45,8 +44,6 @@ class ToolOptions:
         if judge is not None and not judge.startswith("openai:"):
             raise ValueError(f"--judge takes openai:NAME@URL, not {judge!r}")
         allowed = frozenset(_split(list(allow_missing)))
-        if allowed - set(NEEDS):
-            raise ValueError(f"--allow-missing {sorted(allowed - set(NEEDS))}: expected some of {list(NEEDS)}")
         web = WebSettings.from_env(search=search, search_url=search_url, reader=reader, reader_url=reader_url,
                                    visit_model=visit_model)
         return cls(docs=Path(docs) if docs else None, tools=tuple(_split([tools])) if tools else None,
