@@ -1,7 +1,7 @@
 """The built-in offline suites: generated tasks with train and held-out splits.
 
 `generate_suite("research" | "data" | "code" | "mixed", split, n, seed, **knobs)` returns the
-same tasks for the same arguments on any machine. The code in mixed tasks is a template whose
+same tasks for the same arguments and the same secret key (`common.suite_key`) on any machine. The code in mixed tasks is a template whose
 `{fact}` the solver fills with what it found in the first part; see each module for its knobs.
 """
 
