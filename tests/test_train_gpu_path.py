@@ -245,3 +245,12 @@ def test_a_carved_frames_split_is_seeded_disjoint_and_keeps_each_questions_id(tm
     ids = [t.id for t in train_tasks] + [t.id for t in test_tasks]
     assert len(train_tasks) == 3 and sorted(ids) == sorted(f"frames-{i}" for i in range(10))
     assert all(t.question == f"Question {t.id.split('-')[1]}?" for t in train_tasks)
+
+
+def test_local_models_are_placed_on_the_gpu_in_bfloat16_when_there_is_one(monkeypatch):
+    from toolself.models import local
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert (local.default_device(), local.default_dtype()) == ("cuda", "bfloat16")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert local.default_device() == "cpu"

@@ -304,8 +304,8 @@ class _Batch:
         heads, dim = k0.shape[1], k0.shape[3]
         self.layers = []
         for li in range(self.num_layers):
-            kbuf = torch.empty(self.max_rows, heads, capacity, dim, dtype=k0.dtype)
-            vbuf = torch.empty(self.max_rows, heads, capacity, v0.shape[3], dtype=v0.dtype)
+            kbuf = torch.empty(self.max_rows, heads, capacity, dim, dtype=k0.dtype, device=k0.device)
+            vbuf = torch.empty(self.max_rows, heads, capacity, v0.shape[3], dtype=v0.dtype, device=v0.device)
             for i, (s, kv) in enumerate(sources):
                 n = len(s.fed)
                 kbuf[i, :, : width - n] = 0
@@ -313,7 +313,7 @@ class _Batch:
                 kbuf[i, :, width - n : width] = kv[li][0][0]
                 vbuf[i, :, width - n : width] = kv[li][1][0]
             self.layers.append(_RowLayer(kbuf, vbuf))
-        self.mask = torch.zeros(self.max_rows, capacity, dtype=torch.long)
+        self.mask = torch.zeros(self.max_rows, capacity, dtype=torch.long, device=k0.device)
         for i, (s, _) in enumerate(sources):
             self.mask[i, width - len(s.fed) : width] = 1
         self.rows = [s for s, _ in sources]
@@ -341,6 +341,7 @@ class Engine:
                  kv_dtype: torch.dtype = torch.float32,
                  jump_forward: Callable[[Any, int], list[int]] | None = None):
         self.model = model
+        self.device = model.device  # inputs are made where the model is (a GPU's, or the CPU)
         # (matcher, budget) -> the tokens the grammar forces next, already accepted by the
         # matcher; see `_step` for when they are fed at once.
         self.jump_forward = jump_forward
@@ -509,8 +510,8 @@ class Engine:
             store_key = self.store.new_key()
         new_ids = request.prompt_ids[reused:] + request.forced_ids
         cache = new_cache(self.num_layers, prefix_kv, self.kv_dtype)
-        positions = torch.arange(reused, reused + len(new_ids)).unsqueeze(0)
-        out = self.model(input_ids=torch.tensor([new_ids]), position_ids=positions, cache=cache,
+        positions = torch.arange(reused, reused + len(new_ids), device=self.device).unsqueeze(0)
+        out = self.model(input_ids=torch.tensor([new_ids], device=self.device), position_ids=positions, cache=cache,
                          use_cache=True, logits_to_keep=1)
         cache = out.cache if hasattr(out, "cache") else out.past_key_values
         kv = [(layer.keys, layer.values) for layer in cache.layers]
@@ -537,8 +538,8 @@ class Engine:
         span = len(rows[0].unfed) if len(rows) == 1 else 1
         cache, mask = batch.cache_for_step(span)
         feeds = [s.unfed[:span] for s in rows]
-        tokens = torch.tensor(feeds)
-        positions = torch.tensor([list(range(len(s.fed), len(s.fed) + span)) for s in rows])
+        tokens = torch.tensor(feeds, device=self.device)
+        positions = torch.tensor([list(range(len(s.fed), len(s.fed) + span)) for s in rows], device=self.device)
         out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache,
                          use_cache=True, logits_to_keep=1)
         batch.width += span
@@ -564,7 +565,7 @@ class Engine:
         """Pick each sequence's next token under its grammar, and mark the finished ones."""
         import xgrammar as xgr
 
-        logits = logits.float()
+        logits = logits.float().cpu()  # the grammar masks and the sampler's generators are on the CPU
         constrained = [i for i, s in enumerate(seqs) if s.request.matcher is not None]
         if constrained:
             for i in constrained:

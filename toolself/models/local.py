@@ -165,7 +165,15 @@ def load_weights(path: str | os.PathLike | None = None, dtype: str = "auto"):
         from toolself.models.half_linear import use_half_linears
 
         use_half_linears(model)
-    return model, tokenizer, name
+    return model.to(default_device()), tokenizer, name
+
+
+def default_device() -> str:
+    """Where local models run: the first CUDA GPU when there is one (batched decoding is where
+    a GPU pays), else the CPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def default_threads() -> int:
@@ -197,6 +205,8 @@ def default_dtype() -> str:
     the float32 directory, whatever the dtype of inference."""
     from toolself.models import half_linear
 
+    if default_device() == "cuda":
+        return "bfloat16"  # "mixed" is a CPU scheme (fbgemm's float16 product)
     if half_linear.available():
         return "mixed"
     return "bfloat16" if half_linear.has_bfloat16_kernels() else "float32"
@@ -217,6 +227,8 @@ def kv_dtype(model) -> torch.dtype:
 
     from toolself.models.half_linear import HalfLinear, has_amx
 
+    if model.device.type != "cpu":  # on a GPU the cache stays in the weights' dtype
+        return model.dtype
     reduced = model.dtype == torch.bfloat16 or any(isinstance(m, HalfLinear) for m in model.modules())
     return torch.bfloat16 if reduced and has_amx() else torch.float32
 
