@@ -217,3 +217,22 @@ def test_an_unknown_need_to_allow_missing_is_refused_with_the_choices(tmp_path):
     result = runner.invoke(app, ["run", "x", "--allow-missing", "telepathy", "--model", "openai:x@http://127.0.0.1:9/v1",
                                  "--out", str(tmp_path / "t.jsonl")])
     assert result.exit_code == 2 and "expected some of" in " ".join(result.output.split())
+
+
+@needs_samples
+def test_eval_on_frames_over_a_local_collection_needs_no_web(tmp_path):
+    docs = tmp_path / "wiki"
+    docs.mkdir()
+    (docs / "harriet-lane.md").write_text("# Harriet Lane\n\nHarriet Lane's mother was Jane Buchanan.")
+    config = json.dumps({"subgoal": "find the name", "strategy": "Search, then answer.", "toolbox": ["search"],
+                         "knowledge": "none", "context_mode": "basic"})
+    policy = ScriptedModel([config, call("search", query="Harriet Lane mother")],
+                           default=call("terminate", answer="Jane Ballou"))
+    judge = ScriptedModel([], default="Decision: TRUE")
+    out = tmp_path / "run"
+    with serving(policy) as policy_url, serving(judge) as judge_url:
+        result = runner.invoke(app, ["eval", "--tasks", f"frames:{FRAMES}", "--model", f"openai:p@{policy_url}",
+                                     "--judge", f"openai:j@{judge_url}", "--docs", str(docs), "--out", str(out),
+                                     "--limit", "1", "--no-report"])
+    assert result.exit_code == 0, result.output
+    assert "Jane Buchanan" in (out / "toolself" / "trajectories.jsonl").read_text()

@@ -114,3 +114,19 @@ def test_unreachable_search_service_is_an_error_observation(tmp_path, monkeypatc
     monkeypatch.setenv("SEARX_HOST", "http://127.0.0.1:9")
     obs = search({"query": "x"}, ToolContext(workspace=tmp_path))
     assert obs.is_error and "could not be reached" in obs.content
+
+
+def test_the_runs_collection_serves_tasks_without_their_own(tmp_path, monkeypatch):
+    from toolself.tools.search import search_tool
+    from toolself.tools.visit import visit_tool
+    from toolself.tools.web.settings import WebSettings
+
+    monkeypatch.delenv("SEARX_HOST", raising=False)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "lane.md").write_text("# Harriet Lane\n\nHarriet Lane was the niece of James Buchanan.")
+    settings = WebSettings()
+    context = ToolContext(workspace=tmp_path)
+    found = search_tool(settings, docs)({"query": "Buchanan niece"}, context)
+    assert not found.is_error and "locator: lane.md" in found.content
+    assert "niece of James Buchanan" in visit_tool(settings, docs)({"locator": "lane.md"}, context).content

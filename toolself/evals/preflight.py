@@ -78,21 +78,24 @@ def needs_of(task: Any) -> TaskNeeds:
 
 @dataclass(frozen=True)
 class Provided:
+    """docs: the run has a document collection (`--docs`) for tasks without their own."""
+
     tools: frozenset[str]
     web: WebSettings
     judge: bool
+    docs: bool = False
 
     @classmethod
-    def of(cls, pool: Any, web: WebSettings, judge: Any) -> "Provided":
-        return cls(frozenset(t.name for t in pool), web, judge is not None)
+    def of(cls, pool: Any, web: WebSettings, judge: Any, docs: Any = None) -> "Provided":
+        return cls(frozenset(t.name for t in pool), web, judge is not None, docs is not None)
 
 
 def unmet(needs: TaskNeeds, provided: Provided) -> dict[str, str]:
     """Need -> why it is not met, for this task."""
     out: dict[str, str] = {}
-    if needs.search and ("search" not in provided.tools or provided.web.search is None):
+    if needs.search and ("search" not in provided.tools or provided.web.search is None and not provided.docs):
         out["search"] = "no web search backend" if "search" in provided.tools else "`search` is not in the pool"
-    if needs.read and ("visit" not in provided.tools or not provided.web.web_allowed):
+    if needs.read and ("visit" not in provided.tools or not provided.web.web_allowed and not provided.docs):
         out["read"] = "the web is not allowed" if "visit" in provided.tools else "`visit` is not in the pool"
     if needs.judge and not provided.judge:
         out["judge"] = "no --judge"
@@ -193,7 +196,7 @@ def check_specs(options: Any, specs: Sequence[tuple[str, str, int | None, int]])
     `ToolOptions`), for commands that hand the run to something else (a CAT pipeline)."""
     pool = options.pool()
     try:
-        loader = CheckingLoader(Provided.of(pool, options.web, options.judge), options.allow_missing)
+        loader = CheckingLoader(Provided.of(pool, options.web, options.judge, options.docs), options.allow_missing)
         for spec, split, limit, seed in specs:
             loader(spec, split, limit, seed)
         return loader.warnings

@@ -63,7 +63,7 @@ class ToolOptions:
         pool = default_pool(include=list(self.tools) if self.tools is not None else None,
                             mcp_servers=list(self.mcp) or None, user_tools=list(self.user_tools) or None,
                             config=self.tools_config)
-        for bound in (search_tool(self.web), visit_tool(self.web)):
+        for bound in (search_tool(self.web, self.docs), visit_tool(self.web, self.docs)):
             if bound.name in pool:
                 pool.replace(bound)
         return pool

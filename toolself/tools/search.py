@@ -2,22 +2,25 @@
 
 The paper's agent sends several phrasings at once; results are deduplicated by locator
 across them so that the model reads each document's entry once. The backend is the task's
-local collection when it has one (every offline suite and test), otherwise the web backend
+local collection when it has one (every offline suite and test), otherwise the run's own
+collection (`--docs`: a local corpus standing in for the web), otherwise the web backend
 the run's `WebSettings` choose (SearxNG, Serper, Tavily, Brave, Jina), otherwise the call
 says that no backend is configured: an error the model can read, never an exception into the
 agent. Web answers are kept in the run's cache, so a rerun or a repeat does not pay twice.
 
 The module-level `search` reads its settings from the environment at each call (library use,
-`SEARX_HOST=... python ...`); `search_tool(settings)` is the same tool bound to settings the
-command line parsed.
+`SEARX_HOST=... python ...`); `search_tool(settings, docs)` is the same tool bound to settings
+the command line parsed.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from toolself.tools.base import Tool, ToolContext, ToolError
-from toolself.tools.collection import SearchResult
+from toolself.tools.collection import Collection, SearchResult
 from toolself.tools.web.cache import DiskCache
 from toolself.tools.web.search_backends import WebSearchBackend
 from toolself.tools.web.settings import WebSettings
@@ -47,10 +50,23 @@ def web_search(backend: WebSearchBackend, query: str, k: int, cache: DiskCache |
     return results
 
 
+@functools.lru_cache(maxsize=8)
+def docs_collection(path: Path) -> Collection:
+    """A run's `--docs` collection, loaded (and its index read from the on-disk cache) once
+    per process, then shared read-only by every attempt."""
+    return Collection.from_path(path)
+
+
+def task_collection(ctx: ToolContext | None, docs: Path | None) -> Collection | None:
+    """The task's own collection, else the run's `--docs` one, else None (the web)."""
+    own = getattr(ctx, "collection", None) if ctx is not None else None
+    return own if own is not None or docs is None else docs_collection(Path(docs).resolve())
+
+
 def run_queries(queries: list[str], ctx: ToolContext | None, k: int = RESULTS_PER_QUERY,
-                settings: WebSettings | None = None) -> list[QueryResults]:
+                settings: WebSettings | None = None, docs: Path | None = None) -> list[QueryResults]:
     """Each query's results, minus the locators an earlier query already returned."""
-    collection = getattr(ctx, "collection", None) if ctx is not None else None
+    collection = task_collection(ctx, docs)
     backend = cache = None
     if collection is None:
         settings = settings or WebSettings.from_env()
@@ -94,6 +110,7 @@ def format_results(batches: list[QueryResults]) -> str:
 @dataclass(frozen=True)
 class _Search:
     settings: WebSettings | None = None
+    docs: Path | None = None
 
     def search(self, query: str | list[str], ctx: ToolContext) -> str:
         """Search for documents; returns ranked results with title, locator and the best-matching passage.
@@ -109,12 +126,13 @@ class _Search:
         if len(queries) > MAX_QUERIES:
             note = f"\n(Only the first {MAX_QUERIES} of {len(queries)} queries were run.)"
             queries = queries[:MAX_QUERIES]
-        return format_results(run_queries(queries, ctx, settings=self.settings)) + note
+        return format_results(run_queries(queries, ctx, settings=self.settings, docs=self.docs)) + note
 
 
-def search_tool(settings: WebSettings | None) -> Tool:
-    """`search` bound to `settings` (None: read from the environment at each call)."""
-    return Tool(_Search(settings).search)
+def search_tool(settings: WebSettings | None, docs: Path | None = None) -> Tool:
+    """`search` bound to `settings` (None: read from the environment at each call) and to the
+    run's document collection `docs` for tasks that have none of their own."""
+    return Tool(_Search(settings, docs).search)
 
 
 search = search_tool(None)

@@ -22,12 +22,14 @@ import re
 import threading
 from dataclasses import asdict, dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import jinja2
 
 from toolself.tools.base import Tool, ToolContext, ToolError
 from toolself.tools.collection import Document
+from toolself.tools.search import task_collection
 from toolself.tools.web.cache import DiskCache
 from toolself.tools.web.settings import WebSettings
 
@@ -107,8 +109,8 @@ def resolve_local(collection, locator: str) -> Document:
     raise ToolError(f"no document with locator {locator!r} in the collection; use search to find locators")
 
 
-def open_document(locator: str, ctx: ToolContext | None, settings: WebSettings) -> Document:
-    collection = getattr(ctx, "collection", None) if ctx is not None else None
+def open_document(locator: str, ctx: ToolContext | None, settings: WebSettings, docs: Path | None = None) -> Document:
+    collection = task_collection(ctx, docs)
     if collection is not None and locator in collection:
         return collection.get(locator)
     if re.match(r"^https?://", locator, re.IGNORECASE):
@@ -145,14 +147,15 @@ class _Visit:
     pickled: a worker builds its own)."""
 
     settings: WebSettings | None = None
+    docs: Path | None = None
     _summariser: Any = field(default=None, repr=False)
     _lock: Any = field(default_factory=threading.Lock, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"settings": self.settings}
+        return {"settings": self.settings, "docs": self.docs}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["settings"])
+        self.__init__(state["settings"], state["docs"])
 
     def summariser(self, settings: WebSettings, ctx: ToolContext | None) -> Any:
         if settings.visit_model is None:
@@ -176,7 +179,7 @@ class _Visit:
         if page < 1:
             raise ToolError("page starts at 1")
         settings = self.settings or WebSettings.from_env()
-        doc = open_document(locator.strip(), ctx, settings)
+        doc = open_document(locator.strip(), ctx, settings, self.docs)
         pages = paginate(doc.text)
         if page > len(pages):
             raise ToolError(f"{doc.locator} has {len(pages)} page(s); page {page} does not exist")
@@ -199,9 +202,10 @@ class _Visit:
         return f"{header}\n\n{current.text}{footer}"
 
 
-def visit_tool(settings: WebSettings | None) -> Tool:
-    """`visit` bound to `settings` (None: read from the environment at each call)."""
-    return Tool(_Visit(settings).visit)
+def visit_tool(settings: WebSettings | None, docs: Path | None = None) -> Tool:
+    """`visit` bound to `settings` (None: read from the environment at each call) and to the
+    run's document collection `docs` for tasks that have none of their own."""
+    return Tool(_Visit(settings, docs).visit)
 
 
 visit = visit_tool(None)
