@@ -62,7 +62,7 @@ class CATKTOConfig(_TRLKTOConfig, LoraArguments, KernelArguments):
     use_liger_kernel: bool | None = field(
         default=None,
         metadata={"help": "Liger's fused RMSNorm / RoPE / SwiGLU kernels (Triton). Default (None): on on a CUDA GPU "
-                          "when liger-kernel is installed (the `gpu` extra), off elsewhere."})
+                          "when liger-kernel is installed (pip install liger-kernel), off elsewhere."})
     compile_layers: bool | None = field(
         default=False,
         metadata={"help": "Compile each decoder layer with torch.compile. Off for KTO: its reference pass (no "

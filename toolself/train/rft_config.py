@@ -62,7 +62,7 @@ class RFTConfig(SFTConfig, LoraArguments, KernelArguments):
     use_liger_kernel: bool | None = field(
         default=None,
         metadata={"help": "Liger's fused RMSNorm / RoPE / SwiGLU kernels (Triton). Default (None): on on a CUDA GPU "
-                          "when liger-kernel is installed (the `gpu` extra), off elsewhere."})
+                          "when liger-kernel is installed (pip install liger-kernel), off elsewhere."})
     padding_free: bool | None = field(
         default=None,
         metadata={"help": "Flatten each micro-batch into one row with position ids instead of padding it. Default "
