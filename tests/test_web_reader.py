@@ -136,3 +136,16 @@ def test_the_visit_model_comes_from_the_official_variables(monkeypatch):
     monkeypatch.setenv("VISIT_LLM_MODEL", "qwen")
     monkeypatch.setenv("VISIT_LLM_API_BASE_URL", "http://127.0.0.1:8001/v1")
     assert WebSettings.from_env().visit_model == "openai:qwen@http://127.0.0.1:8001/v1"
+
+
+def test_the_direct_reader_turns_a_pdf_page_into_text(tmp_path, monkeypatch):
+    from test_tool_files import make_pdf
+
+    monkeypatch.setenv("TOOLSELF_VISIT_PRIVATE", "1")
+    make_pdf(tmp_path / "treaty.pdf", "The treaty was signed in 1648.")
+    service = FakeService([], default=Reply(200, (tmp_path / "treaty.pdf").read_bytes(), content_type="application/pdf"))
+    with service.running() as url:
+        obs = visit_tool(WebSettings(online=True, retry=FAST))({"locator": f"{url}/treaty.pdf"},
+                                                               ToolContext(workspace=tmp_path))
+    assert not obs.is_error, obs.content
+    assert "# treaty.pdf" in obs.content and "The treaty was signed in 1648." in obs.content

@@ -8,7 +8,8 @@ clients against real HTTP.
     service.requests  # what the client sent: method, path, query, headers, body
 
 Each request takes the next reply; after the script ends `default` is repeated. A reply with
-`delay` sleeps first (a timeout test); a non-dict, non-list body is sent as text.
+`delay` sleeps first (a timeout test); a dict or list is sent as JSON, bytes as they are, and
+anything else as text.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class FakeService:
             await asyncio.sleep(reply.delay)
         if isinstance(reply.body, (dict, list)):
             content, kind = json.dumps(reply.body), "application/json"
+        elif isinstance(reply.body, bytes):
+            content, kind = reply.body, "application/octet-stream"
         else:
             content, kind = str(reply.body or ""), "text/plain"
         return Response(content, status_code=reply.status, headers=reply.headers,
