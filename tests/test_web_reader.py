@@ -149,3 +149,12 @@ def test_the_direct_reader_turns_a_pdf_page_into_text(tmp_path, monkeypatch):
                                                                ToolContext(workspace=tmp_path))
     assert not obs.is_error, obs.content
     assert "# treaty.pdf" in obs.content and "The treaty was signed in 1648." in obs.content
+
+
+def test_a_rate_limited_or_failing_summariser_is_retried(tmp_path):
+    reader = FakeService([], default=Reply(200, JSON_PAGE))
+    model = FakeService([Reply(429, {"error": {"message": "slow"}}, {"Retry-After": "0"}), Reply(503, "busy")],
+                        default=Reply(200, completion("Seen on 3 May.")))
+    with reader.running() as reader_url, model.running() as model_url:
+        obs = read(reader_url, tmp_path, goal="when", visit_model=f"openai:summ@{model_url}/v1")
+    assert obs.content.rstrip().endswith("Seen on 3 May.") and len(model.requests) == 3
