@@ -15,7 +15,6 @@ from toolself.cli import app
 from toolself.evals.preflight import PreflightError, Provided, TaskNeeds, check, needs_of
 from toolself.evals.task import Task
 from toolself.models.scripted import ScriptedModel, call
-from toolself.tools.base import ToolPool
 from toolself.tools.registry import default_pool
 from toolself.tools.web.settings import WebSettings
 from web_fakes import FakeService, Reply
@@ -207,15 +206,15 @@ def test_tool_options_survive_a_saved_pipeline_state(monkeypatch, tmp_path):
 @needs_samples
 def test_train_cat_on_frames_without_search_or_judge_stops_before_any_work(tmp_path):
     out = tmp_path / "cat"
-    result = runner.invoke(app, ["train", "cat", "--tasks", f"frames:{FRAMES}", "--teacher", "openai:t@http://127.0.0.1:9/v1",
-                                 "--out", str(out), "--limit", "1"])
+    result = runner.invoke(app, ["train", "cat", "--tasks", f"frames:{FRAMES}", "--out", str(out), "--limit", "1",
+                                 "--teacher", "openai:t@http://127.0.0.1:9/v1"])
     assert result.exit_code == 2
     assert "nothing was run" in " ".join(result.output.split()) and not out.exists()
 
 
 def test_an_unknown_need_to_allow_missing_is_refused_with_the_choices(tmp_path):
-    result = runner.invoke(app, ["run", "x", "--allow-missing", "telepathy", "--model", "openai:x@http://127.0.0.1:9/v1",
-                                 "--out", str(tmp_path / "t.jsonl")])
+    result = runner.invoke(app, ["run", "x", "--allow-missing", "telepathy", "--out", str(tmp_path / "t.jsonl"),
+                                 "--model", "openai:x@http://127.0.0.1:9/v1"])
     assert result.exit_code == 2 and "expected some of" in " ".join(result.output.split())
 
 

@@ -26,7 +26,8 @@ def judge_at(url, tmp_path, timeout=5.0):
 
 
 def test_a_rate_limited_judge_is_asked_again_after_the_time_it_asks(tmp_path):
-    service = FakeService([Reply(429, {"error": {"message": "slow down"}}, {"Retry-After": "1"})], default=Reply(200, CORRECT))
+    service = FakeService([Reply(429, {"error": {"message": "slow down"}}, {"Retry-After": "1"})],
+                          default=Reply(200, CORRECT))
     started = time.monotonic()
     with service.running() as url:
         verdict = judge_at(url, tmp_path).judge("Where?", "Paris", "paris, France")

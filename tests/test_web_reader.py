@@ -143,7 +143,8 @@ def test_the_direct_reader_turns_a_pdf_page_into_text(tmp_path, monkeypatch):
 
     monkeypatch.setenv("TOOLSELF_VISIT_PRIVATE", "1")
     make_pdf(tmp_path / "treaty.pdf", "The treaty was signed in 1648.")
-    service = FakeService([], default=Reply(200, (tmp_path / "treaty.pdf").read_bytes(), content_type="application/pdf"))
+    pdf = (tmp_path / "treaty.pdf").read_bytes()
+    service = FakeService([], default=Reply(200, pdf, content_type="application/pdf"))
     with service.running() as url:
         obs = visit_tool(WebSettings(online=True, retry=FAST))({"locator": f"{url}/treaty.pdf"},
                                                                ToolContext(workspace=tmp_path))

@@ -122,7 +122,8 @@ def _markitdown_text(raw: bytes, extension: str) -> str:
     except ImportError:
         raise ToolError("reading PDF and office pages needs markitdown (pip install 'toolself[tools]')") from None
     try:
-        result = MarkItDown(enable_plugins=False).convert_stream(io.BytesIO(raw), stream_info=StreamInfo(extension=extension))
+        result = MarkItDown(enable_plugins=False).convert_stream(io.BytesIO(raw),
+                                                                 stream_info=StreamInfo(extension=extension))
     except Exception as exc:
         raise ToolError(f"the {extension} document could not be converted to text ({type(exc).__name__})") from None
     return result.text_content or ""

@@ -39,10 +39,11 @@ def _env(environ: Mapping[str, str], name: str) -> str | None:
 class WebSettings:
     """search: a backend name (searxng, serper, tavily, brave, jina) or None for no web search
     (a task's own document collection is always searched first); search_url: its endpoint
-    (default: its variable, such as SEARX_HOST or SERPER_URL, then the public service); reader: direct | jina; visit_model: the
-    summariser model spec (openai:NAME@URL) or None (pages are paginated); cache_dir: where
-    service answers are kept (None: not cached); online: pages may be fetched even without a
-    search backend (TOOLSELF_ONLINE=1); retry: attempts, backoff and timeout of every request."""
+    (default: its variable, such as SEARX_HOST or SERPER_URL, then the public service); reader:
+    direct | jina; visit_model: the summariser model spec (openai:NAME@URL) or None (pages are
+    paginated); cache_dir: where service answers are kept (None: not cached); online: pages may
+    be fetched even without a search backend (TOOLSELF_ONLINE=1); retry: attempts, backoff and
+    timeout of every request."""
 
     search: str | None = None
     search_url: str | None = None
