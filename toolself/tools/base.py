@@ -215,9 +215,17 @@ class Tool:
             ) from None
         return {name: getattr(parsed, name) for name in self.arguments_model.model_fields}
 
-    def __call__(self, arguments: dict[str, Any], ctx: ToolContext | None = None) -> Observation:
-        """Validate and run; every failure comes back as an error observation, and the workspace
-        appears in it as `.` (`ToolContext.relative`)."""
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """`tool(arguments, ctx)`, as the agent calls it: validate and run; every failure comes
+        back as an error observation, and the workspace appears in it as `.`
+        (`ToolContext.relative`). Called as the function it wraps (`add(amount=3)`: keyword
+        arguments, or a first positional argument that is not a dict), it is that function, so
+        decorating a function does not take it away from the rest of a program."""
+        agent_call = (not kwargs and 1 <= len(args) <= 2 and isinstance(args[0], dict)
+                      and (len(args) == 1 or args[1] is None or isinstance(args[1], ToolContext)))
+        if not agent_call:
+            return self.fn(*args, **kwargs)
+        arguments, ctx = args[0], (args[1] if len(args) == 2 else None)
         observation = self._run(arguments, ctx)
         if ctx is None:
             return observation
