@@ -95,6 +95,8 @@ def test_the_micro_batch_grows_into_free_memory_and_the_effective_batch_stays():
     assert K.choose_batch(2, 4, longest=16384, free_bytes=2 * 2**30, per_token=per_token)[:2] == (1, 8)
     assert K.choose_batch(2, 4, longest=16384, free_bytes=2 * 2**30, per_token=per_token, minimum=2)[:2] == (2, 4)
     assert K.choose_batch(2, 4, longest=4096, free_bytes=None, per_token=per_token)[:2] == (2, 4)
+    assert K.choose_batch(2, 3, longest=4096, free_bytes=100 * 2**30, per_token=per_token)[:2] == (6, 1)
+    assert K.choose_batch(3, 4, longest=4096, free_bytes=25 * 2**30, per_token=per_token)[:2] == (6, 2)  # 6 fit
 
 
 def test_checkpointing_needs_far_less_activation_memory_per_token():

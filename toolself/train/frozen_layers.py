@@ -10,7 +10,9 @@ adapters (18 of 30 layers: ~35% of a 1.5k-token step), and RFT makes two passes 
 bottom block's output the first time, and from then on returns it without running those
 layers. The cached tensor is the one the layers produced, so losses and gradients are the
 same as without the cache. Memory is bounded (`max_bytes`); past the bound, new sequences
-are simply computed.
+are simply computed. The key is the whole micro-batch, so a later epoch finds it only when the
+same sequences meet in the same batch again (one sequence per step, or batches in order);
+KTO's reference pass, on the policy's batch of the same step, always does.
 
 The bottom block always runs without autograd: nothing in it or below it trains, so its
 activations need not be kept nor its backward pass run. That also makes it safe under gradient

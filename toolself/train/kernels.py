@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,23 +110,26 @@ def activation_bytes_per_token(config: Any, checkpointing: bool, dtype_bytes: in
 
 def choose_batch(batch: int, accumulation: int, longest: int, free_bytes: int | None, per_token: int,
                  headroom: float = 0.6, minimum: int = 1) -> tuple[int, int, str]:
-    """(micro-batch, accumulation steps, why): the largest micro-batch up to the effective batch
+    """(micro-batch, accumulation steps, why): the largest divisor of the effective batch
     (batch x accumulation) whose longest sequences fit in `headroom` of the free memory, with
-    the accumulation steps that keep the effective batch, and never below `minimum` (KTO's KL
-    estimate pairs sequences within a micro-batch). No free-memory figure: as given."""
+    the accumulation steps that keep the effective batch exactly; never below `minimum` (KTO's
+    KL estimate pairs sequences within a micro-batch). No free-memory figure: as given."""
     if free_bytes is None:
         return batch, accumulation, "as configured (no CUDA memory figure)"
     effective = batch * accumulation
     fits = int(free_bytes * headroom // max(1, longest * per_token))
-    chosen = max(minimum, min(effective, fits))
-    steps = math.ceil(effective / chosen)
+    divisors = [d for d in range(minimum, effective + 1) if effective % d == 0 and d <= max(fits, minimum)]
+    if not divisors:
+        return batch, accumulation, f"as configured (no micro-batch of at least {minimum} divides {effective})"
+    chosen = max(divisors)
+    steps = effective // chosen
     return chosen, steps, (f"from free memory: {free_bytes / 2**30:.1f} GiB free, ~{per_token / 2**10:.0f} KiB per "
                            f"token, sequences up to {longest} tokens: {fits} fit; effective batch {effective} kept as "
                            f"{chosen} x {steps}")
 
 
 def choose_kernels(args: Any, model_config: Any, longest: int, padding_free: bool | None,
-                   min_batch: int = 1) -> KernelChoice:
+                   min_batch: int = 1, why_padding_free: str | None = None) -> KernelChoice:
     """Decide every choice for a run with training arguments `args` (an RFT or KTO config) on
     a model with `model_config`, whose longest sequence has `longest` tokens."""
     import torch
@@ -137,6 +139,7 @@ def choose_kernels(args: Any, model_config: Any, longest: int, padding_free: boo
     attention, why_attention = choose_attention(getattr(args, "attn_implementation", None), on_cuda, half,
                                                 flash_attention_installed())
     packed, why_packed = choose_padding_free(padding_free, attention)
+    why_packed = why_padding_free or why_packed
     liger, why_liger = choose_liger(args.use_liger_kernel, on_cuda, liger_installed())
     free = None
     if on_cuda and getattr(args, "auto_batch_size", False):
@@ -151,11 +154,11 @@ def choose_kernels(args: Any, model_config: Any, longest: int, padding_free: boo
 
 
 def use_kernels(model: Any, args: Any, longest: int, padding_free: bool | None = None,
-                min_batch: int = 1) -> KernelChoice:
+                min_batch: int = 1, why_padding_free: str | None = None) -> KernelChoice:
     """Choose, then set the choices on `model` and on `args` before the trainer is built, and log
     them. TRL's own padding-free flag is cleared: it refuses a custom collator, and ours (which
     counts tokens) flattens the batch itself when `choice.padding_free`."""
-    choice = choose_kernels(args, model.config, longest, padding_free, min_batch)
+    choice = choose_kernels(args, model.config, longest, padding_free, min_batch, why_padding_free)
     if getattr(model.config, "_attn_implementation", None) != choice.attention:
         model.set_attn_implementation(choice.attention)
     args.per_device_train_batch_size = choice.batch_size

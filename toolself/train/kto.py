@@ -72,8 +72,8 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: KTO
     longest = max(len(p) + len(c) for p, c in zip(dataset["prompt_ids"], dataset["completion_ids"])) \
         if "prompt_ids" in (dataset.column_names or []) else config.max_length
     kernels = use_kernels(model, config, longest, padding_free=False,
-                          min_batch=1 if config.loss_type == "apo_zero_unpaired" else 2)
-    kernels.why["padding_free"] = "off: KTO's pairs are padded (TRL's KTO collator has no padding-free form)"
+                          min_batch=1 if config.loss_type == "apo_zero_unpaired" else 2,
+                          why_padding_free="off: TRL's KTO collator pads (it has no padding-free form)")
     collator = CountingCollator(DataCollatorForUnpairedPreference(pad_token_id=tokenizer.pad_token_id,
                                                                   max_length=config.max_length))
     log = JsonlLog(log_path, collator, stage="kto",
