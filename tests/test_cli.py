@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from http_fixtures import serving
@@ -58,3 +62,151 @@ def test_methods_lists_every_variant_and_ablation():
     for name in ("toolself", "vanilla", "static:research", "static:general", "static:swe", "decoupled",
                  "toolself-freeze:knowledge"):
         assert name in result.output
+
+
+# -- exit codes: a script can trust them, a person reads one line -----------------------------
+
+def test_version_prints_the_package_version():
+    from toolself import __version__
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"toolself {__version__}"
+
+
+def test_a_run_whose_model_fails_exits_1_with_one_line_on_stderr(tmp_path):
+    with serving(ScriptedModel([])) as url:  # a wrong path: HTTP 404, which no retry mends
+        result = runner.invoke(app, ["run", "hi", "--model", f"openai:x@{url}/nothing", "--out", str(tmp_path / "t.jsonl")])
+    assert result.exit_code == 1
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith("error: the attempt failed:") and "404" in line
+    assert "Traceback" not in result.output
+
+
+def test_the_old_time_limit_option_still_works_with_a_warning(tmp_path):
+    result = runner.invoke(app, ["run", "hi", "--time-limit", "5", "--max-stages", "1", "--model",
+                                 "openai:x@http://127.0.0.1:9/v1", "--method", "nonsense"])
+    assert "--time-limit is deprecated; it is --timeout" in result.stderr
+    assert result.exit_code == 2 and "unknown method 'nonsense'" in result.stderr
+
+
+def test_an_eval_whose_every_attempt_failed_exits_1(tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "t0", "question": "Double 2?", "answer": "4"}) + "\n")
+    with serving(ScriptedModel([])) as url:
+        result = runner.invoke(app, ["eval", "-t", f"jsonl:{tasks}", "--methods", "vanilla", "-m",
+                                     f"openai:x@{url}/nothing", "-o", str(tmp_path / "out"), "--no-report"])
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: every attempt of this run failed (1)")
+
+
+@pytest.mark.parametrize("args", [
+    ["eval", "-t", "builtin:research", "--limit", "-2"],
+    ["eval", "-t", "builtin:research", "--concurrency", "0"],
+    ["eval", "-t", "builtin:research", "--repeats", "0"],
+    ["eval", "-t", "nope:/x"],
+    ["eval", "-t", "builtin:research", "-m", "local:/nonexistent/model"],
+])
+def test_invalid_eval_options_are_refused_before_any_file_is_written(tmp_path, args):
+    out = tmp_path / "out"
+    result = runner.invoke(app, [*args, "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert not out.exists()
+
+
+def test_tasks_show_refuses_a_negative_limit_and_an_unknown_prefix():
+    assert runner.invoke(app, ["tasks", "show", "builtin:research", "--limit", "-1"]).exit_code == 2
+    result = runner.invoke(app, ["tasks", "show", "nope:/x"])
+    assert result.exit_code == 2 and "unknown prefix 'nope'" in result.stderr and not result.stdout
+
+
+def test_a_model_that_fails_to_load_leaves_no_run_file_to_block_the_corrected_rerun(tmp_path):
+    (tmp_path / "not-a-model").mkdir()
+    out = tmp_path / "out"
+    failed = runner.invoke(app, ["eval", "-t", "builtin:research", "--limit", "1", "-m",
+                                 f"local:{tmp_path / 'not-a-model'}", "-o", str(out), "--no-report"])
+    assert failed.exit_code != 0 and "Traceback" not in failed.output
+    assert not (out / "run.json").exists()
+    rerun = runner.invoke(app, ["eval", "-t", "builtin:research", "--limit", "1", "-m", "expert", "-o", str(out),
+                                "--no-report"])
+    assert rerun.exit_code == 0, rerun.output
+
+
+def test_an_unexpected_failure_is_one_line_and_debug_shows_the_traceback(monkeypatch):
+    import toolself.variants
+
+    def broken():
+        raise KeyError("planted")
+
+    monkeypatch.setattr(toolself.variants, "methods", broken)
+    monkeypatch.delenv("TOOLSELF_DEBUG", raising=False)
+    plain = runner.invoke(app, ["methods"])
+    assert plain.exit_code == 1
+    assert plain.stderr.strip() == "error: KeyError: 'planted' (toolself --debug ... shows where)"
+    debug = runner.invoke(app, ["--debug", "methods"])
+    assert isinstance(debug.exception, KeyError)
+    monkeypatch.delenv("TOOLSELF_DEBUG", raising=False)
+
+
+def test_the_command_exits_with_its_status_and_writes_errors_to_stderr():
+    result = subprocess.run([sys.executable, "-m", "toolself", "tasks", "show", "nope:/x"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stdout == "" and "unknown prefix" in result.stderr
+
+
+# -- one name per concept, help and defaults on every option ----------------------------------
+
+def every_option():
+    import typer
+    from typer.core import TyperOption
+
+    def walk(command, path):
+        if hasattr(command, "commands"):
+            for name, sub in command.commands.items():
+                yield from walk(sub, [*path, name])
+        else:
+            yield from ((" ".join(path), p) for p in command.params if isinstance(p, TyperOption))
+
+    return list(walk(typer.main.get_command(app), ["toolself"]))
+
+
+def test_every_option_of_every_command_has_help():
+    missing = [f"{path} {p.opts[0]}" for path, p in every_option() if not p.hidden and not p.help]
+    assert missing == []
+
+
+def test_a_wall_clock_limit_is_called_timeout_in_every_command():
+    names = {o for _, p in every_option() if not p.hidden for o in p.opts}
+    assert "--timeout" in names and "--time-limit" not in names
+
+
+def test_the_defaults_the_training_options_state_are_the_configs_own():
+    import dataclasses
+
+    from toolself.train.kto_config import KTOConfig
+    from toolself.train.rft_config import RFTConfig
+
+    fields = {"--epochs": "num_train_epochs", "--lr": "learning_rate", "--batch-size": "per_device_train_batch_size",
+              "--grad-accum": "gradient_accumulation_steps", "--max-steps": "max_steps", "--lora-r": "lora_r",
+              "--beta": "beta"}
+    for path, config in (("toolself train rft", RFTConfig), ("toolself train kto", KTOConfig)):
+        defaults = {f.name: f.default for f in dataclasses.fields(config)}
+        for command, option in every_option():
+            if command == path and option.opts[0] in fields:
+                stated = re.search(r"\(default: ([^,)]+)", option.help).group(1)
+                assert float(stated) == defaults[fields[option.opts[0]]], (path, option.opts[0], stated)
+
+
+def test_training_resumes_by_default_as_the_readme_says():
+    resume = {command: p.default for command, p in every_option() if p.name == "resume"}
+    assert resume == {"toolself train rft": True, "toolself train kto": True}
+
+
+@pytest.mark.slow  # transformers and the embedded model's tokenizer
+def test_train_data_warns_how_many_examples_max_length_cut(tmp_path):
+    from toolself.evals.runner import run_eval
+
+    run_eval(["builtin:research"], ["toolself"], "expert", tmp_path / "run", limit=1, progress=False)
+    result = runner.invoke(app, ["train", "data", str(tmp_path / "run"), "--kind", "sft", "--max-length", "64"])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"warning: --max-length 64 cut (\d+) of \1 examples from the left", result.stderr)

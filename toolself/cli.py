@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -10,14 +12,53 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from typer.core import TyperGroup
 
+from toolself.cli_errors import DEBUG_ENV, debugging, describe, err_console, fail, warn
 from toolself.cli_options import ToolOptions, default_web_cache, tool_options
 from toolself.evals.preflight import check_free_task
 from toolself.models.local import DTYPE_HELP
 
+
+class _Commands(TyperGroup):
+    """Every command's unexpected failure becomes one line on stderr and exit status 1, so a
+    script can trust the status and a person reads a sentence rather than a traceback;
+    `toolself --debug COMMAND` lets the traceback through."""
+
+    def invoke(self, ctx: typer.Context):
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, typer.TyperException):  # typer's own: usage errors, exit codes
+            raise
+        except Exception as exc:
+            if debugging():
+                raise
+            fail(describe(exc), code=1)
+
+
 app = typer.Typer(help="Agents that reconfigure themselves at run time (ToolSelf), and CAT training.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+                  cls=_Commands, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 console = Console()
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from toolself import __version__
+
+        typer.echo(f"toolself {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the version and exit."),
+    debug: bool = typer.Option(False, "--debug", help="Show the traceback of a failure instead of one line."),
+) -> None:
+    """Agents that reconfigure themselves at run time (ToolSelf), and CAT training."""
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
 
 DEMO_QUESTION = "In which town was the founder of the company that makes the Lumen kettle born?"
 DEMO_ANSWER = "Harrowgate"
@@ -46,9 +87,7 @@ def demo_docs() -> Path:
     return Path(str(resources.files("toolself") / "data" / "demo"))
 
 
-def _fail(message: str) -> None:
-    console.print(f"[red]error:[/red] {message}")
-    raise typer.Exit(2)
+_fail = fail
 
 
 @app.command()
@@ -61,12 +100,16 @@ def run(
     config_model: Optional[str] = typer.Option(None, help="For `decoupled`: the model that writes configurations."),
     workspace: Optional[Path] = typer.Option(None, help="Working folder for file tools (default: a temporary one)."),
     out: Path = typer.Option(Path("runs/trajectories.jsonl"), help="Append the trajectory to this JSONL file."),
-    max_stages: int = typer.Option(6, help="Most stages in the attempt."),
-    max_steps: int = typer.Option(12, help="Most actions in one stage."),
-    max_tokens: int = typer.Option(200_000, help="Most prompt + completion tokens in the attempt."),
-    time_limit: Optional[float] = typer.Option(None, help="Wall-clock limit in seconds."),
-    context_budget: Optional[int] = typer.Option(None, help="Visible-context budget in the model's tokens."),
-    temperature: float = typer.Option(0.0, help="0 for greedy decoding."),
+    max_stages: int = typer.Option(6, min=1, help="Most stages in the attempt."),
+    max_steps: int = typer.Option(12, min=1, help="Most actions in one stage."),
+    max_tokens: int = typer.Option(200_000, min=1, help="Most prompt + completion tokens in the attempt."),
+    timeout: Optional[float] = typer.Option(None, min=1,
+                                            help="Wall-clock limit of the attempt in seconds (default: none)."),
+    time_limit: Optional[float] = typer.Option(None, "--time-limit", hidden=True, min=1,
+                                               help="Deprecated name of --timeout."),
+    context_budget: Optional[int] = typer.Option(None, min=1, help="Visible-context budget in the model's tokens "
+                                                 "(default: 3000 for embedded and local models, else 16000)."),
+    temperature: float = typer.Option(0.0, min=0, help="0 for greedy decoding."),
     seed: int = typer.Option(0, help="Sampling seed."),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     tool_options: ToolOptions = ToolOptions(),
@@ -74,16 +117,19 @@ def run(
     """Run one attempt at TASK, showing each stage as it happens."""
     from toolself.agent import Agent
     from toolself.evals.runner import model_options
-    from toolself.models import load_model
+    from toolself.models import ModelError, load_model
     from toolself.progress import RichObserver
     from toolself.tools.base import ToolContext
     from toolself.trajectory import write_jsonl
     from toolself.variants import settings_for
 
+    if time_limit is not None:
+        warn("--time-limit is deprecated; it is --timeout, as in `toolself eval`")
+        timeout = timeout if timeout is not None else time_limit
     defaults = model_defaults(model)
     try:
         settings = settings_for(method, tuple(freeze), max_stages=max_stages, max_steps_per_stage=max_steps,
-                                max_total_tokens=max_tokens, time_limit=time_limit,
+                                max_total_tokens=max_tokens, time_limit=timeout,
                                 context_budget=context_budget or defaults.context_budget,
                                 config_max_text=defaults.config_max_text,
                                 max_tokens_per_call=defaults.max_tokens_per_call)
@@ -96,17 +142,19 @@ def run(
         _fail(f"building the tool pool: {exc}")
     try:
         for warning in check_free_task(tool_options, pool):
-            console.print(f"warning: {warning}", highlight=False)
+            err_console.print(f"warning: {warning}", highlight=False)
     except ValueError as exc:
         pool.close()
         _fail(str(exc))
-    with console.status(f"loading {model} ..."):
-        try:
-            policy = load_model(model, **model_options(model, temperature, seed, dtype))
-            writer = load_model(config_model) if config_model else None
-        except (ValueError, FileNotFoundError, ImportError) as exc:
-            _fail(str(exc))
-        collection = tool_options.collection()
+    console.print(f"loading the model {model} ...", highlight=False)
+    started = time.monotonic()
+    try:
+        policy = load_model(model, **model_options(model, temperature, seed, dtype))
+        writer = load_model(config_model) if config_model else None
+    except (ValueError, OSError, ImportError, ModelError) as exc:
+        _fail(f"loading the model {model}: {exc}", code=1)
+    collection = tool_options.collection()
+    console.print(f"loaded in {time.monotonic() - started:.1f} s", highlight=False)
     if workspace is not None:
         workspace.mkdir(parents=True, exist_ok=True)
         ctx = ToolContext(workspace=workspace.resolve(), collection=collection, model=policy)
@@ -119,8 +167,10 @@ def run(
         ctx.close()
         pool.close()
     write_jsonl(out, [trajectory])
-    console.print(f"[bold]answer:[/bold] {trajectory.answer!r}")
-    console.print(f"trajectory written to {out}")
+    console.print(f"[bold]answer:[/bold] {escape(repr(trajectory.answer))}")
+    console.print(f"trajectory written to {out}", highlight=False)
+    if trajectory.error:
+        _fail(f"the attempt failed: {trajectory.error.strip().splitlines()[-1]}", code=1)
 
 
 @app.command()
@@ -133,7 +183,8 @@ def demo(
                   f"local documents. The expected answer is {DEMO_ANSWER}; a zero-shot 135M model "
                   "chooses poorly, and what follows is exactly what it chose.\n")
     run(task=DEMO_QUESTION, model=model, method="toolself", freeze=[], config_model=None, docs=demo_docs(),
-        tools="search,visit", mcp=[], user_tools=[], tools_config=None, workspace=None, out=out, max_stages=4, max_steps=6, max_tokens=60_000, time_limit=600.0,
+        tools="search,visit", mcp=[], user_tools=[], tools_config=None, workspace=None, out=out, max_stages=4, max_steps=6, max_tokens=60_000, timeout=600.0,
+        time_limit=None,
         context_budget=None, temperature=0.0, seed=0, dtype="auto")
 
 
@@ -141,7 +192,7 @@ def demo(
 def serve(
     model: str = typer.Option("embedded", "--model", "-m", help="embedded | local:PATH | openai:NAME@URL"),
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
-    port: int = typer.Option(8000, help="Port to listen on."),
+    port: int = typer.Option(8000, min=1, max=65535, help="Port to listen on."),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
 ) -> None:
     """Serve a model behind an OpenAI-compatible API (/v1/chat/completions, /v1/models, /health)."""

@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from toolself.cli_errors import fail
 from toolself.cli_options import ToolOptions, tool_options
 from toolself.evals.preflight import CheckingLoader, Provided
 from toolself.models.local import DTYPE_HELP
@@ -25,9 +26,7 @@ def _split_list(values: list[str]) -> list[str]:
     return [part.strip() for value in values for part in value.split(",") if part.strip()]
 
 
-def _fail(message: str) -> None:
-    console.print(f"[red]error:[/red] {message}", highlight=False)
-    raise typer.Exit(2)
+_fail = fail
 
 
 def backend_option(backend: str, address: str | None = None, ray_cpus: float = 1.0):
@@ -54,34 +53,45 @@ def eval_command(
                               "several servers of one model: openai:NAME@URL1,URL2 (URL#N: at most N in flight there)"),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder; rerunning the same command resumes it."),
     config_model: Optional[str] = typer.Option(None, help="For `decoupled`: the model that writes configurations."),
-    concurrency: int = typer.Option(4, help="Attempts in flight at once."),
-    timeout: float = typer.Option(600.0, help="Wall-clock limit per attempt, in seconds."),
-    grace: Optional[float] = typer.Option(None, help="Seconds past the limit before a stuck attempt is abandoned."),
-    limit: Optional[int] = typer.Option(None, help="At most this many tasks per dataset."),
-    repeats: int = typer.Option(1, help="Attempts per task, for mean and standard error."),
+    concurrency: int = typer.Option(4, min=1, help="Attempts in flight at once."),
+    timeout: float = typer.Option(600.0, min=0, help="Wall-clock limit per attempt, in seconds (0: none)."),
+    grace: Optional[float] = typer.Option(None, min=0, help="Seconds past the limit before a stuck attempt is "
+                                          "abandoned (default: a quarter of the timeout, at least 5 s)."),
+    limit: Optional[int] = typer.Option(None, min=1, help="At most this many tasks per dataset (default: all)."),
+    repeats: int = typer.Option(1, min=1, help="Attempts per task, for mean and standard error."),
     freeze: list[str] = typer.Option([], help="Ablation for every method: subgoal, strategy, toolbox, knowledge, mode."),
     split: str = typer.Option("heldout", help="Split of the built-in suites (train | heldout) or of a file."),
     seed: int = typer.Option(0, help="Seed for generated suites and shuffling."),
-    max_stages: int = typer.Option(6, help="Most stages per attempt."),
-    max_steps: int = typer.Option(12, help="Most actions per stage."),
-    max_tokens: int = typer.Option(200_000, help="Most prompt + completion tokens per attempt."),
-    context_budget: Optional[int] = typer.Option(None, help="Visible-context budget in the model's tokens."),
-    temperature: float = typer.Option(0.0, help="Sampling temperature of the policy (0: greedy)."),
+    max_stages: int = typer.Option(6, min=1, help="Most stages per attempt."),
+    max_steps: int = typer.Option(12, min=1, help="Most actions per stage."),
+    max_tokens: int = typer.Option(200_000, min=1, help="Most prompt + completion tokens per attempt."),
+    context_budget: Optional[int] = typer.Option(None, min=1, help="Visible-context budget in the model's tokens "
+                                                 "(default: 3000 for embedded and local models, else 16000)."),
+    temperature: float = typer.Option(0.0, min=0, help="Sampling temperature of the policy (0: greedy)."),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     force: bool = typer.Option(False, help="Add to an output folder made under other settings."),
     report: bool = typer.Option(True, help="Write the report into OUT/report when the run ends."),
     backend: str = typer.Option("local", help="Where attempts run: local (threads here) | ray (Ray tasks)."),
     address: Optional[str] = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001); default: a local one."),
-    ray_cpus: float = typer.Option(1.0, help="Ray CPUs each attempt holds (fractions let I/O-bound attempts share cores)."),
+    ray_cpus: float = typer.Option(1.0, min=0.01, help="Ray CPUs each attempt holds (fractions let I/O-bound attempts "
+                                   "share cores)."),
     tool_options: ToolOptions = ToolOptions(),
 ) -> None:
     """Run methods on datasets; resumable, with per-attempt timeouts and a live progress line.
     Every task's needs (web search, page reading, a judge, ...) are checked before any work."""
+    from toolself.evals.cli import check_spec
     from toolself.evals.records import atomic_write_text
     from toolself.evals.report import markdown_accuracy, write_report
     from toolself.evals.runner import RunInProgress, SettingsMismatch, model_options, run_eval
 
     specs, names = _split_list(tasks), _split_list(methods)
+    for spec in specs:
+        try:
+            check_spec(spec)
+        except ValueError as exc:
+            _fail(str(exc))
+    for option, spec in (("--model", model), ("--judge", tool_options.judge), ("--config-model", config_model)):
+        _check_model_spec(option, spec)
     if names == ["all"]:
         from toolself.variants import methods as all_methods
 
@@ -90,13 +100,13 @@ def eval_command(
     if context_budget is not None:
         settings["context_budget"] = context_budget
     options = model_options(model, temperature, seed, dtype)
+    fresh = not (out / "run.json").exists()
     tool_options = tool_options.with_cache(out / "web_cache")
     try:
         pool = tool_options.pool()
     except Exception as exc:
         _fail(f"building the tool pool: {exc}")
-    loader = CheckingLoader(Provided.of(pool, tool_options.web, tool_options.judge, tool_options.docs),
-                            tool_options.allow_missing)
+    loader = CheckingLoader(Provided.of(pool, tool_options.web, tool_options.judge), tool_options.allow_missing)
     try:
         runner_backend = backend_option(backend, address, ray_cpus)
         summary = run_eval(specs, names, model, out, concurrency=concurrency, timeout=timeout or None, grace=grace,
@@ -106,7 +116,11 @@ def eval_command(
     except (SettingsMismatch, RunInProgress) as exc:
         _fail(str(exc))
     except (ValueError, FileNotFoundError, ImportError) as exc:
+        _forget_empty_run(out, fresh)
         _fail(str(exc))
+    except Exception:
+        _forget_empty_run(out, fresh)
+        raise
     finally:
         pool.close()
     for warning in loader.warnings:
@@ -122,6 +136,23 @@ def eval_command(
     if report and summary.records:
         files = write_report([out])
         console.print(f"report: {files.markdown}")
+    if summary.ran and summary.status.get("error", 0) == summary.ran:
+        errors = [r.error for r in summary.records if r.status == "error" and r.error]
+        last = errors[-1].strip().splitlines()[-1] if errors else "no error recorded"
+        _fail(f"every attempt of this run failed ({summary.ran}); the last: {last}", code=1)
+
+
+def _check_model_spec(option: str, spec: str | None) -> None:
+    """A `local:PATH` that is not there, caught before the run writes anything."""
+    if spec and spec.startswith("local:") and not Path(spec.split(":", 1)[1]).expanduser().exists():
+        _fail(f"{option} {spec}: no model directory at {spec.split(':', 1)[1]}")
+
+
+def _forget_empty_run(out: Path, fresh: bool) -> None:
+    """A run that failed before any result (a model that would not load) leaves no run.json
+    behind: its settings would make the corrected rerun refuse the folder."""
+    if fresh and not any(p.stat().st_size for p in out.glob("*/results.jsonl")):
+        (out / "run.json").unlink(missing_ok=True)
 
 
 def report_command(

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from toolself.cli_errors import fail, warn
 from toolself.cli_options import ToolOptions, tool_options
 from toolself.models.local import DTYPE_HELP
 
@@ -27,9 +28,7 @@ def _main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def _fail(message: str) -> None:
-    console.print(f"[red]error:[/red] {message}", highlight=False)
-    raise typer.Exit(2)
+_fail = fail
 
 
 def _split(values: list[str]) -> list[str]:
@@ -83,6 +82,14 @@ def _tokenizer(model: str):
     return AutoTokenizer.from_pretrained(str(path))
 
 
+def _warn_truncated(build: Any, max_length: int) -> None:
+    """A cut example trains on less than its attempt saw: say so, with the count, since a
+    --max-length below the data's lengths can silently cut every example."""
+    if build.truncated:
+        warn(f"--max-length {max_length} cut {build.truncated} of {build.examples} examples from the left; "
+             "`toolself train data --stats` shows their lengths")
+
+
 def _print_stats(title: str, stats: dict[str, Any]) -> None:
     table = Table(title=title, show_header=True)
     table.add_column("what")
@@ -116,7 +123,8 @@ def data(
     kind: str = typer.Option("both", help="sft | kto | both."),
     student: str = typer.Option("embedded", help="The model whose tokenizer and chat template render the data."),
     out: Optional[Path] = typer.Option(None, help="Save the datasets here (OUT/sft, OUT/kto)."),
-    max_length: int = typer.Option(16384, help="Longest example in tokens; longer prompts are cut from the left."),
+    max_length: int = typer.Option(16384, min=16, help="Longest example in tokens; longer prompts are cut from the "
+                                   "left, with a warning that says how many were."),
     stats: bool = typer.Option(False, "--stats", help="Print counts, token lengths and label balance."),
     as_json: bool = typer.Option(False, "--json", help="Print the statistics as JSON."),
 ) -> None:
@@ -139,11 +147,13 @@ def data(
     try:
         if kind in ("sft", "both"):
             dataset, build = D.build_sft_dataset(trajectories, renderer, max_length)
+            _warn_truncated(build, max_length)
             report["sft"] = D.sft_stats(dataset, build)
             if out:
                 D.save_dataset(dataset, out / "sft", report["sft"])
         if kind in ("kto", "both"):
             dataset, build, weights = D.build_kto_dataset(trajectories, renderer, max_length)
+            _warn_truncated(build, max_length)
             report["kto"] = D.kto_stats(dataset, build, weights)
             if out:
                 D.save_dataset(dataset, out / "kto", report["kto"])
@@ -196,25 +206,31 @@ def rft(
     out: Path = typer.Option(..., "--out", "-o", help="Output folder: the adapter, collect/, data/, logs, curves."),
     trajectories: list[Path] = typer.Option([], help="Use these trajectories (JSONL / runner folders) instead of "
                                                      "collecting."),
-    limit: Optional[int] = typer.Option(None, help="At most this many tasks per spec."),
-    temperature: float = typer.Option(0.7, help="Teacher sampling temperature (for model teachers)."),
-    seed: int = typer.Option(0),
-    concurrency: int = typer.Option(4, help="Attempts in flight during collection."),
-    timeout: float = typer.Option(600.0, help="Wall-clock limit per attempt."),
-    context_budget: Optional[int] = typer.Option(None, help="Visible-context budget (default: the student's)."),
-    max_length: int = typer.Option(16384, help="Longest training sequence in tokens."),
-    epochs: Optional[float] = typer.Option(None), lr: Optional[float] = typer.Option(None),
-    batch_size: Optional[int] = typer.Option(None), grad_accum: Optional[int] = typer.Option(None),
-    max_steps: Optional[int] = typer.Option(None), lora_r: Optional[int] = typer.Option(None),
+    limit: Optional[int] = typer.Option(None, min=1, help="At most this many tasks per spec (default: all)."),
+    temperature: float = typer.Option(0.7, min=0, help="Teacher sampling temperature (for model teachers)."),
+    seed: int = typer.Option(0, help="Seed of the built-in suites, of sampling and of training."),
+    concurrency: int = typer.Option(4, min=1, help="Attempts in flight during collection."),
+    timeout: float = typer.Option(600.0, min=1, help="Wall-clock limit per attempt, in seconds."),
+    context_budget: Optional[int] = typer.Option(None, min=1, help="Visible-context budget (default: the student's)."),
+    max_length: int = typer.Option(16384, min=16, help="Longest training sequence in tokens; a longer example is "
+                                   "cut from the left, with a warning that says how many were."),
+    epochs: Optional[float] = typer.Option(None, min=0, help="Passes over the data (default: 2)."),
+    lr: Optional[float] = typer.Option(None, min=0, help="AdamW learning rate (default: 0.0002)."),
+    batch_size: Optional[int] = typer.Option(None, min=1, help="Sequences per device and micro-step (default: 2)."),
+    grad_accum: Optional[int] = typer.Option(None, min=1, help="Micro-steps per optimizer step (default: 4)."),
+    max_steps: Optional[int] = typer.Option(None, min=1, help="Stop after this many optimizer steps (default: -1, "
+                                            "the epochs decide)."),
+    lora_r: Optional[int] = typer.Option(None, min=1, help="LoRA rank; alpha follows as 2r (default: 16)."),
     full_finetune: bool = typer.Option(False, help="Train all weights instead of a LoRA adapter."),
     compile_layers: Optional[bool] = typer.Option(
         None, "--compile-layers/--eager-layers",
         help="Compile the decoder layers with torch.compile (~1.3x faster steps after ~35 s of compiling). "
              "Default: on for a CPU with a C++ compiler."),
-    resume: bool = typer.Option(False, help="Resume training from the last checkpoint in OUT/checkpoints."),
+    resume: bool = typer.Option(True, help="Rerunning the command resumes: the collection keeps its finished "
+                                           "attempts, training its last checkpoint in OUT/checkpoints."),
     backend: str = typer.Option("local", help="Where collection attempts run: local | ray."),
     address: Optional[str] = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001)."),
-    ray_cpus: float = typer.Option(1.0, help="Ray CPUs each attempt holds."),
+    ray_cpus: float = typer.Option(1.0, min=0.01, help="Ray CPUs each attempt holds."),
 ) -> None:
     """Stage I: K teacher attempts per task, keep the successful ones, fine-tune the student."""
     from toolself.train import data as D
@@ -247,6 +263,7 @@ def rft(
         schemas = schemas or sch
     renderer = D.Renderer(_tokenizer(student), schemas)
     dataset, build = D.build_sft_dataset(found, renderer, max_length)
+    _warn_truncated(build, max_length)
     info = D.sft_stats(dataset, build)
     if _main_process():
         D.save_dataset(dataset, out / "data", info)
@@ -271,23 +288,30 @@ def kto(
     samples: int = typer.Option(4, help="On-policy attempts per task (K)."),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder: the adapter, base/, collect/, data/, logs."),
     trajectories: list[Path] = typer.Option([], help="Use these labelled trajectories instead of collecting."),
-    limit: Optional[int] = typer.Option(None, help="At most this many tasks per spec."),
-    temperature: float = typer.Option(0.7, help="Sampling temperature of the on-policy attempts."),
-    seed: int = typer.Option(0),
-    concurrency: int = typer.Option(4),
-    timeout: float = typer.Option(600.0),
-    context_budget: Optional[int] = typer.Option(None, help="Visible-context budget (default: the policy's)."),
-    max_length: int = typer.Option(16384, help="Longest prompt + completion in tokens."),
-    beta: Optional[float] = typer.Option(None, help="KTO beta (default 0.1)."),
-    epochs: Optional[float] = typer.Option(None), lr: Optional[float] = typer.Option(None),
-    batch_size: Optional[int] = typer.Option(None, help="Per device; at least 2."),
-    grad_accum: Optional[int] = typer.Option(None),
-    max_steps: Optional[int] = typer.Option(None), lora_r: Optional[int] = typer.Option(None),
-    full_finetune: bool = typer.Option(False),
-    resume: bool = typer.Option(False),
+    limit: Optional[int] = typer.Option(None, min=1, help="At most this many tasks per spec (default: all)."),
+    temperature: float = typer.Option(0.7, min=0, help="Sampling temperature of the on-policy attempts."),
+    seed: int = typer.Option(0, help="Seed of the built-in suites, of sampling and of training."),
+    concurrency: int = typer.Option(4, min=1, help="Attempts in flight during collection."),
+    timeout: float = typer.Option(600.0, min=1, help="Wall-clock limit per attempt, in seconds."),
+    context_budget: Optional[int] = typer.Option(None, min=1, help="Visible-context budget (default: the policy's)."),
+    max_length: int = typer.Option(16384, min=16, help="Longest prompt + completion in tokens; a longer example is "
+                                   "cut from the left, with a warning that says how many were."),
+    beta: Optional[float] = typer.Option(None, min=0, help="KTO's beta: how far the policy may move from the RFT "
+                                         "model (default: 0.1)."),
+    epochs: Optional[float] = typer.Option(None, min=0, help="Passes over the data (default: 1.0)."),
+    lr: Optional[float] = typer.Option(None, min=0, help="AdamW learning rate (default: 5e-05)."),
+    batch_size: Optional[int] = typer.Option(None, min=2, help="Examples per device and micro-step; at least 2 "
+                                             "(default: 4)."),
+    grad_accum: Optional[int] = typer.Option(None, min=1, help="Micro-steps per optimizer step (default: 2)."),
+    max_steps: Optional[int] = typer.Option(None, min=1, help="Stop after this many optimizer steps (default: -1, "
+                                            "the epochs decide)."),
+    lora_r: Optional[int] = typer.Option(None, min=1, help="LoRA rank; alpha follows as 2r (default: 16)."),
+    full_finetune: bool = typer.Option(False, help="Train all weights instead of a LoRA adapter."),
+    resume: bool = typer.Option(True, help="Rerunning the command resumes: the collection keeps its finished "
+                                           "attempts, training its last checkpoint in OUT/checkpoints."),
     backend: str = typer.Option("local", help="Where collection attempts run: local | ray."),
     address: Optional[str] = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001)."),
-    ray_cpus: float = typer.Option(1.0, help="Ray CPUs each attempt holds."),
+    ray_cpus: float = typer.Option(1.0, min=0.01, help="Ray CPUs each attempt holds."),
 ) -> None:
     """Stage II: on-policy attempts labelled by outcome; every decision gets its attempt's label."""
     from toolself.train import data as D
@@ -317,6 +341,7 @@ def kto(
         schemas = schemas or sch
     renderer = D.Renderer(_tokenizer(str(policy)), schemas)
     dataset, build, weights = D.build_kto_dataset(found, renderer, max_length)
+    _warn_truncated(build, max_length)
     info = D.kto_stats(dataset, build, weights)
     if _main_process():
         D.save_dataset(dataset, out / "data", info)
@@ -344,18 +369,19 @@ def cat_command(
     out: Path = typer.Option(..., "--out", "-o", help="Pipeline folder (state.json; rerun to resume)."),
     teacher: str = typer.Option("expert", help="expert | embedded | local:DIR | openai:NAME@URL."),
     student: str = typer.Option("embedded", help="embedded | local:DIR | a model directory."),
-    teacher_samples: int = typer.Option(4, help="Teacher attempts per task (RFT)."),
-    policy_samples: int = typer.Option(4, help="RFT-policy attempts per task (KTO)."),
-    limit: Optional[int] = typer.Option(None, help="At most this many training tasks per spec."),
-    policy_limit: Optional[int] = typer.Option(None, help="Training tasks per spec for the on-policy collection "
-                                                          "(default: --limit)."),
+    teacher_samples: int = typer.Option(4, min=1, help="Teacher attempts per task (RFT)."),
+    policy_samples: int = typer.Option(4, min=1, help="RFT-policy attempts per task (KTO)."),
+    limit: Optional[int] = typer.Option(None, min=1, help="At most this many training tasks per spec (default: all)."),
+    policy_limit: Optional[int] = typer.Option(None, min=1, help="Training tasks per spec for the on-policy "
+                                                                 "collection (default: --limit)."),
     eval_tasks: list[str] = typer.Option([], help="Specs for the final evaluation (default: --tasks), held-out split."),
-    eval_limit: Optional[int] = typer.Option(None, help="At most this many evaluation tasks per spec."),
-    temperature: float = typer.Option(0.7, help="Sampling temperature of model collections."),
-    seed: int = typer.Option(0),
-    concurrency: int = typer.Option(4),
-    timeout: float = typer.Option(600.0),
-    max_length: int = typer.Option(16384),
+    eval_limit: Optional[int] = typer.Option(None, min=1, help="At most this many evaluation tasks per spec "
+                                                               "(default: all)."),
+    temperature: float = typer.Option(0.7, min=0, help="Sampling temperature of model collections."),
+    seed: int = typer.Option(0, help="Seed of the built-in suites, of sampling and of training."),
+    concurrency: int = typer.Option(4, min=1, help="Attempts in flight during collections and evaluations."),
+    timeout: float = typer.Option(600.0, min=1, help="Wall-clock limit per attempt, in seconds."),
+    max_length: int = typer.Option(16384, min=16, help="Longest training example in tokens (both stages)."),
     method: str = typer.Option("toolself", help="The agent trained and evaluated: toolself, or vanilla (the "
                                                 "static-configuration control)."),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
