@@ -187,6 +187,7 @@ def test_the_gpu_benchmark_runs_in_miniature_on_a_cpu(tmp_path, tiny):
     for stage in ("rft", "kto"):
         assert report[stage]["tokens_per_second"] > 0 and 0 < report[stage]["mfu"] < 1
         assert report[stage]["kernels"]["attention"] == "sdpa"
+    assert report["kto"]["kl_tokens"] > 0  # counted while training, not before it
     assert report["decoding"]["concurrent_8"]["generated_tokens"] == 8 * 8
     assert report["device"]["device"] == "cpu" and "torch" in report["versions"]
 

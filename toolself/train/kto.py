@@ -82,5 +82,4 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: KTO
     trainer = PretokenizedKTOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                                      data_collator=collator, peft_config=config.peft_config(model), callbacks=[log])
     return run_trainer(trainer, collator, out_dir, log_path, len(dataset), resume,
-                       extra={"weights": weights.to_dict(), "kl_tokens": collator.kl_tokens, "base": str(base),
-                              "kernels": kernels.to_dict()})
+                       extra={"weights": weights.to_dict(), "base": str(base), "kernels": kernels.to_dict()})

@@ -108,6 +108,8 @@ def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int,
                          examples=examples, log=str(log_path), extra=dict(extra or {}) if main else {})
     if main:
         result.extra["compiled_layers"] = why
+        if collator.kl_tokens:  # counted during training: KTO's mismatched pairs
+            result.extra["kl_tokens"] = collator.kl_tokens
         if frozen is not None:
             result.extra["frozen_layer_cache"] = frozen.stats()
             logger.info("frozen-layer cache: %s", frozen.stats())
