@@ -8,6 +8,7 @@ process that answers the host), and to the pipes of the attempt's other sessions
 import os
 import re
 import sys
+import time
 
 import pytest
 
@@ -117,3 +118,23 @@ def test_lines_written_into_the_shells_control_pipe_by_the_python_session_are_dr
     failed = execute_bash({"command": "exit_with() { return $1; }; exit_with 3"}, ctx)
     assert failed.is_error and "[exit status 3]" in failed.content
     assert execute_bash({"command": "echo fine"}, ctx).content == "fine"
+
+
+STOP_READING = """import os, sys
+driver = sys.modules["__main__"]
+requests = driver._ctl_in  # kept open, so the host's writes do not fail: they wait
+reader, writer = os.pipe()
+driver._ctl_in = os.fdopen(reader, "rb", buffering=0)  # the driver now waits on a pipe nobody writes
+"stopped"
+"""
+
+
+def test_a_session_that_stops_reading_requests_cannot_hold_the_host_past_the_timeout(ctx):
+    with_limits(ctx, timeout_s=2)
+    assert py(ctx, STOP_READING).content == "[value]\n'stopped'"
+    big = "x = 1\n" + "#" * 300_000  # more than a pipe holds
+    started = time.monotonic()
+    obs = py(ctx, big)
+    assert time.monotonic() - started < 10
+    assert obs.is_error and "timed out after 2 s" in obs.content
+    assert py(ctx, "'fresh'").content.startswith("[value]\n'fresh'")

@@ -37,6 +37,7 @@ import os
 import queue
 import resource
 import secrets
+import select
 import shutil
 import signal
 import site
@@ -820,6 +821,7 @@ class SandboxedProcess:
         finally:
             for fd in (to_child_r, from_child_w, out_w, err_w):
                 os.close(fd)
+        os.set_blocking(to_child_w, False)
         self._ctl_w = os.fdopen(to_child_w, "wb", buffering=0)
         self._replies = _Replies(from_child_r, self.reply_bytes)
         self.stdout = _Stream(out_r, self.marker, self.limits.output_chars)
@@ -857,37 +859,13 @@ class SandboxedProcess:
         call_id = secrets.token_hex(16)
         self._replies.expect(call_id)
         start = time.perf_counter()
+        deadline = start + timeout_s
         try:
-            view = memoryview(request(call_id))
-            while view:
-                view = view[self._ctl_w.write(view):]
-        except (BrokenPipeError, OSError):
+            sent = self._send(request(call_id), deadline)
+        except OSError:  # the child is gone (BrokenPipeError)
             self.kill()
             return CallResult("died", notes=notes + [f"the {self.name} was not running; try again"])
-        deadline = start + timeout_s
-        next_check = start + 0.5
-        status, reply = "ok", None
-        while True:
-            now = time.perf_counter()
-            if now >= deadline:
-                status = "timeout"
-                break
-            try:
-                item = self._replies.queue.get(timeout=min(0.25, deadline - now))
-            except queue.Empty:
-                if time.perf_counter() >= next_check:
-                    next_check += 0.5
-                    status = self._watched() or status
-                    if status != "ok":
-                        break
-                continue
-            if item is None:
-                status = "died"
-            elif item is TOO_LARGE:
-                status = "too_large"
-            else:
-                reply = item
-            break
+        status, reply = self._await(start, deadline) if sent else ("timeout", None)
         self._replies.expect(None)
         if status in {"ok", "too_large"}:
             self.stdout.ended.wait(1.0)
@@ -916,6 +894,42 @@ class SandboxedProcess:
         result.stdout = self.stdout.capture.text()
         result.stderr = self.stderr.capture.text()
         return result
+
+    def _send(self, data: bytes, deadline: float) -> bool:
+        """Write a request, waiting for the child to take it until `deadline` at most (False
+        then): a session whose code stopped its driver from reading must not hold the host."""
+        view = memoryview(data)
+        while view:
+            written = self._ctl_w.write(view)  # non-blocking: None when the pipe is full
+            if written:
+                view = view[written:]
+                continue
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                return False
+            select.select([], [self._ctl_w], [], min(remaining, 0.25))
+        return True
+
+    def _await(self, start: float, deadline: float) -> tuple[str, str | None]:
+        """The call's status and reply: the reply, or the first of timeout, end of file, a limit reached."""
+        next_check = start + 0.5
+        while True:
+            now = time.perf_counter()
+            if now >= deadline:
+                return "timeout", None
+            try:
+                item = self._replies.queue.get(timeout=min(0.25, deadline - now))
+            except queue.Empty:
+                if time.perf_counter() >= next_check:
+                    next_check += 0.5
+                    if (reached := self._watched()) is not None:
+                        return reached, None
+                continue
+            if item is None:
+                return "died", None
+            if item is TOO_LARGE:
+                return "too_large", None
+            return "ok", item
 
     def _process_limit_hit(self, notes: list[str]) -> None:
         self.kill()
