@@ -117,6 +117,7 @@ def run(
     """Run one attempt at TASK, showing each stage as it happens."""
     from toolself.agent import Agent
     from toolself.evals.runner import model_options
+    from toolself.interrupts import keeping_the_attempt
     from toolself.models import ModelError, load_model
     from toolself.progress import RichObserver
     from toolself.tools.base import ToolContext
@@ -162,7 +163,9 @@ def run(
         ctx = ToolContext.temporary(collection=collection, model=policy)
     console.print(f"[bold]task:[/bold] {task}\n[bold]method:[/bold] {settings.method}   [bold]model:[/bold] {model}")
     try:
-        trajectory = Agent(policy, pool, settings, config_model=writer, observer=RichObserver(console)).run(task, ctx)
+        agent = Agent(policy, pool, settings, config_model=writer, observer=RichObserver(console))
+        with keeping_the_attempt(out):
+            trajectory = agent.run(task, ctx)
     finally:
         ctx.close()
         pool.close()

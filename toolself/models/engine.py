@@ -22,9 +22,11 @@ asyncio; here two threads own the model and serve them all:
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import threading
 import time
+import weakref
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -35,6 +37,18 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values of shape [1, heads, tokens, dim]
+
+_RUNNING: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_running_engines() -> None:
+    """Stop every engine's threads before the interpreter finalizes. A daemon thread still in a
+    torch op then is ended by pthread_exit when it next takes the GIL; the unwinding through
+    torch's C++ frames calls std::terminate and the process aborts (status -6, "terminate called
+    without an active exception"): what Ctrl-C during a reply did to `toolself run`."""
+    for engine in list(_RUNNING):
+        engine.close()
 
 
 @dataclass
@@ -374,6 +388,7 @@ class Engine:
                                  threading.Thread(target=self._decode_loop, name="toolself-decode", daemon=True)]
                 for thread in self._threads:
                     thread.start()
+                _RUNNING.add(self)
             self._cond.notify_all()
         return request.future
 

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from toolself.cli_errors import fail, warn
 from toolself.cli_options import ToolOptions, tool_options
+from toolself.interrupts import say_how_to_resume
 from toolself.models.local import DTYPE_HELP
 
 train_app = typer.Typer(help="CAT training: RFT on a teacher's successes, then trajectory-level KTO.",
@@ -198,6 +199,7 @@ def _agent_budgets(student: str, context_budget: Optional[int]) -> dict[str, Any
 
 
 @train_app.command()
+@say_how_to_resume
 def rft(
     tasks: list[str] = typer.Option([], "--tasks", "-t", help=TASKS_HELP),
     teacher: str = typer.Option("expert", help="expert (built-in suites) | embedded | local:DIR | openai:NAME@URL."),
@@ -282,6 +284,7 @@ def rft(
 
 
 @train_app.command()
+@say_how_to_resume
 def kto(
     policy: Path = typer.Option(..., help="The RFT adapter (or a model directory) to improve."),
     tasks: list[str] = typer.Option([], "--tasks", "-t", help=TASKS_HELP),
@@ -364,6 +367,7 @@ def kto(
 
 @train_app.command("cat")
 @tool_options
+@say_how_to_resume
 def cat_command(
     tasks: list[str] = typer.Option(..., "--tasks", "-t", help=TASKS_HELP + " Train split for collection."),
     out: Path = typer.Option(..., "--out", "-o", help="Pipeline folder (state.json; rerun to resume)."),
@@ -427,6 +431,7 @@ def cat_command(
 
 @train_app.command("study")
 @tool_options
+@say_how_to_resume
 def study_command(
     out: Path = typer.Option(Path("runs/cat-study"), "--out", "-o", help="Study folder (rerun to resume)."),
     preset: str = typer.Option("demo", help="Scale: demo (one seed, the `make cat-demo` run) | full (three seeds)."),

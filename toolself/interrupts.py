@@ -1,0 +1,68 @@
+"""What a command does on Ctrl-C: keep what was done, say how to go on, exit with 130 (the
+shell's status for a process ended by SIGINT), so that a script can tell an interrupt from a
+failure.
+
+`toolself run` appends the attempt so far, marked `interrupted`, to its output file. The
+commands whose work can be resumed (`eval`, `train rft | kto | cat | study`) print one line,
+the exact command that resumes it: the same command line, with the command's `--resume` flag
+where it has one that was off.
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator, TypeVar
+
+EXIT_INTERRUPTED = 130
+
+F = TypeVar("F", bound=Callable)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def resume_command(argv: list[str], resume_off: bool) -> str:
+    """The command line that resumes a command run as `argv`: the same one, with `--resume`
+    (in place of `--no-resume`) when the command's resume flag is off."""
+    program = ["python", "-m", "toolself"] if Path(argv[0]).name == "__main__.py" else ["toolself"]
+    args = argv[1:]
+    if resume_off:
+        args = [a for a in args if a != "--no-resume"] + ["--resume"]
+    return shlex.join(program + args)
+
+
+def say_how_to_resume(command: F) -> F:
+    """Decorates a resumable command: Ctrl-C ends it with status 130 and the resume line."""
+
+    @functools.wraps(command)
+    def resumable(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except KeyboardInterrupt:
+            _say(f"interrupted; to resume: {resume_command(sys.argv, kwargs.get('resume') is False)}")
+            raise SystemExit(EXIT_INTERRUPTED) from None
+
+    return resumable  # type: ignore[return-value]
+
+
+@contextmanager
+def keeping_the_attempt(out: Path) -> Iterator[None]:
+    """Around `Agent.run`: on Ctrl-C, append the attempt so far to `out`, say so, exit 130."""
+    from toolself.agent import interrupted_attempt
+    from toolself.trajectory import write_jsonl
+
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        trajectory = interrupted_attempt(exc)
+        if trajectory is None:
+            _say("interrupted")
+        else:
+            write_jsonl(out, [trajectory])
+            _say(f"interrupted; the attempt so far is written to {out}")
+        raise SystemExit(EXIT_INTERRUPTED) from None
