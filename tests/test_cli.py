@@ -210,3 +210,12 @@ def test_train_data_warns_how_many_examples_max_length_cut(tmp_path):
     result = runner.invoke(app, ["train", "data", str(tmp_path / "run"), "--kind", "sft", "--max-length", "64"])
     assert result.exit_code == 0, result.output
     assert re.search(r"warning: --max-length 64 cut (\d+) of \1 examples from the left", result.stderr)
+
+
+@pytest.mark.parametrize("option", ["--tools-config", "--mcp-config"])
+def test_a_config_file_that_does_not_parse_is_named_in_the_error(tmp_path, option):
+    config = tmp_path / "tools.json"
+    config.write_text("garbage{")
+    result = runner.invoke(app, ["tools", "list", option, str(config)])
+    assert result.exit_code != 0
+    assert f"{config}: not a valid JSON" in " ".join(result.stderr.split())

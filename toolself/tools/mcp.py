@@ -77,7 +77,10 @@ class MCPServerConfig:
 
 def load_mcp_config(path: str | Path) -> list[MCPServerConfig]:
     """Servers from a JSON file: {"mcpServers": {"name": {"command": ..., "args": [...], "env": {...}} | {"url": ...}}}."""
-    data = json.loads(Path(path).read_text())
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not a valid JSON MCP config: {exc}") from None
     servers = data.get("mcpServers", data.get("mcp_servers", data)) if isinstance(data, dict) else None
     if not isinstance(servers, dict):
         raise ValueError(f"{path}: expected an object with 'mcpServers'")

@@ -102,14 +102,14 @@ class ToolsConfig:
 def load_tools_config(path: str | Path) -> ToolsConfig:
     from toolself.tools.mcp import mcp_configs
 
+    import tomllib
+
     path = Path(path)
     text = path.read_text()
-    if path.suffix == ".toml":
-        import tomllib
-
-        data = tomllib.loads(text)
-    else:
-        data = json.loads(text)
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"{path}: not a valid {'TOML' if path.suffix == '.toml' else 'JSON'} tools config: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a tools config is an object with {sorted(CONFIG_KEYS)}")
     unknown = sorted(set(data) - CONFIG_KEYS)
