@@ -219,3 +219,11 @@ def test_a_config_file_that_does_not_parse_is_named_in_the_error(tmp_path, optio
     result = runner.invoke(app, ["tools", "list", option, str(config)])
     assert result.exit_code != 0
     assert f"{config}: not a valid JSON" in " ".join(result.stderr.split())
+
+
+def test_a_file_of_mcp_servers_is_a_tools_config_in_every_command(tmp_path):
+    config = tmp_path / "servers.json"
+    config.write_text(json.dumps({"mcpServers": {}}))
+    assert runner.invoke(app, ["tools", "list", "--tools-config", str(config)]).exit_code == 0
+    old_name = runner.invoke(app, ["tools", "list", "--mcp-config", str(config)])
+    assert old_name.exit_code == 0 and "--mcp-config is deprecated" in old_name.stderr

@@ -19,7 +19,8 @@ def tools_main() -> None:
 @tools_app.command("list")
 def list_tools(
     mcp: list[str] = typer.Option([], "--mcp", help="An MCP server: NAME=COMMAND ARGS... or NAME=http://host:port/mcp. Repeatable."),
-    mcp_config: Optional[Path] = typer.Option(None, "--mcp-config", help="A JSON file with {\"mcpServers\": {...}}."),
+    mcp_config: Optional[Path] = typer.Option(None, "--mcp-config", hidden=True,
+                                              help="Deprecated: give the same file as --tools-config."),
     user_tools: list[str] = typer.Option([], "--user-tools", help="A Python file or module whose @tool functions join the pool. Repeatable."),
     tools_config: Optional[Path] = typer.Option(None, "--tools-config", help="A tools config file (JSON or TOML)."),
     as_json: bool = typer.Option(False, "--json", help="Print the OpenAI function schemas as JSON."),
@@ -28,11 +29,13 @@ def list_tools(
     from rich.console import Console
     from rich.syntax import Syntax
 
+    from toolself.cli_errors import warn
     from toolself.tools.mcp import MCPError, load_mcp_config
     from toolself.tools.registry import default_pool
 
     servers: list = list(mcp)
     if mcp_config is not None:
+        warn("--mcp-config is deprecated; a file of mcpServers is a tools config: --tools-config, as `run` takes it")
         servers.extend(load_mcp_config(mcp_config))
     try:
         pool = default_pool(mcp_servers=servers, user_tools=user_tools, config=tools_config)
