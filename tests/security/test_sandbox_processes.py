@@ -79,6 +79,7 @@ def test_three_forked_children_cannot_each_hold_half_the_attempts_memory(ctx):
     assert "[value]\n'after'" in py(ctx, "'after'").content
 
 
+@needs_root
 def test_the_process_limit_counts_the_python_and_the_shell_sessions_together(ctx):
     sh(ctx, "for i in $(seq 25); do sleep 1000 & done")
     obs = py(ctx, "import subprocess\nkids = [subprocess.Popen(['sleep', '1000']) for _ in range(40)]")
