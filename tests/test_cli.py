@@ -131,6 +131,14 @@ def test_a_model_that_fails_to_load_leaves_no_run_file_to_block_the_corrected_re
     assert rerun.exit_code == 0, rerun.output
 
 
+def test_eval_outside_a_terminal_prints_a_progress_line_after_every_attempt(tmp_path):
+    result = runner.invoke(app, ["eval", "-t", "builtin:research", "--limit", "3", "-m", "expert", "--methods",
+                                 "vanilla", "--concurrency", "1", "-o", str(tmp_path / "out"), "--no-report"])
+    assert result.exit_code == 0, result.output
+    done = [line.split(" done")[0] for line in result.stderr.splitlines() if " done, " in line]
+    assert done[:3] == ["1/3", "2/3", "3/3"]
+
+
 def test_an_unexpected_failure_is_one_line_and_debug_shows_the_traceback(monkeypatch):
     import toolself.variants
 
