@@ -20,10 +20,10 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from toolself.tools.procs import kill_pids
 
 log = logging.getLogger(__name__)
 
@@ -135,20 +135,10 @@ def _remove(group: Path) -> bool:
     return ok
 
 
-def kill_group(groups: list[Path], rounds: int = 100) -> bool:
+def kill_group(groups: list[Path]) -> bool:
     """SIGKILL every process in the groups until they are empty (a fork lands in its parent's
     group, so the set only shrinks once each round has killed the parents). True if empty."""
-    for _ in range(rounds):
-        pids = set().union(*(_pids(g) for g in groups if g.exists()))
-        if not pids:
-            return True
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        time.sleep(0.005)
-    return False
+    return kill_pids(lambda: set().union(*(_pids(g) for g in groups if g.exists())), rounds=100, pause_s=0.005)
 
 
 class AttemptCgroup:

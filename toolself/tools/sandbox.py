@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from toolself.tools.cgroups import AttemptCgroup, kill_group
+from toolself.tools.procs import descendants, kill_pids, processes
 from toolself.tools.leases import Leases, state_dir
 from toolself.tools.seccomp import no_unix_sockets_filter
 from toolself.tools.workspace import hand_over, open_directory
@@ -96,65 +97,6 @@ class Limits:
 def limits_for(ctx: Any) -> Limits:
     limits = getattr(ctx, "resources", {}).get("limits") if ctx is not None else None
     return limits if isinstance(limits, Limits) else Limits.from_env()
-
-
-# /proc -------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ProcInfo:
-    pid: int
-    ppid: int
-    pgrp: int
-    uid: int
-    state: str
-
-
-def processes() -> list[ProcInfo]:
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                raw = handle.read().decode(errors="replace")
-            uid = os.stat(f"/proc/{name}").st_uid
-        except OSError:
-            continue
-        fields = raw[raw.rfind(")") + 2:].split()
-        out.append(ProcInfo(int(name), int(fields[1]), int(fields[2]), uid, fields[0]))
-    return out
-
-
-def descendants(root_pid: int, pgid: int | None = None) -> list[int]:
-    """The process, its group and everything descended from either, from one /proc scan."""
-    table = processes()
-    children: dict[int, list[int]] = {}
-    for p in table:
-        children.setdefault(p.ppid, []).append(p.pid)
-    found = {root_pid} | {p.pid for p in table if pgid is not None and p.pgrp == pgid}
-    stack = list(found)
-    while stack:
-        for child in children.get(stack.pop(), []):
-            if child not in found:
-                found.add(child)
-                stack.append(child)
-    alive = {p.pid for p in table if p.state != "Z"}
-    return sorted(found & alive)
-
-
-def kill_pids(pids_fn, rounds: int = 50) -> None:
-    """SIGKILL until the set is empty: a fork loop may add processes between scans."""
-    for _ in range(rounds):
-        pids = pids_fn()
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        time.sleep(0.01)
-    log.warning("processes still alive after %d kill rounds: %s", rounds, pids_fn())
 
 
 # the attempt's identity ------------------------------------------------------------------
