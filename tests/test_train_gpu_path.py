@@ -208,7 +208,7 @@ def test_the_qwen3_recipe_script_runs_end_to_end_in_miniature(tmp_path, tiny):
     for model in ("student", "rft", "kto"):
         assert json.loads((out / "eval" / model / "summary.json").read_text())
     policy = json.loads((out / "policy" / "run.json").read_text())
-    assert policy["model_options"]["temperature"] > 0  # the K attempts at a task are samples, not one greedy reply
+    assert policy["identity"]["model_options"]["temperature"] > 0  # the K attempts at a task are samples, not one greedy reply
     assert (out / "report" / "report.md").is_file()
 
 
