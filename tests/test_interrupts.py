@@ -78,10 +78,11 @@ def interrupted(args: list[str], cwd: Path, ready: threading.Event | None = None
     return subprocess.CompletedProcess(process.args, process.returncode, "".join(seen), stderr)
 
 
-def test_ctrl_c_during_run_writes_the_attempt_so_far_and_exits_130(tmp_path, stuck):
+@pytest.mark.parametrize("limit", [[], ["--timeout", "60"]], ids=["no-time-limit", "a-bounded-model-call"])
+def test_ctrl_c_during_run_writes_the_attempt_so_far_and_exits_130(tmp_path, stuck, limit):
     out = tmp_path / "t.jsonl"
     with serving(ScriptedModel([CONFIG], default=stuck)) as url:
-        ended = interrupted(["run", "What is 6 x 7?", "--model", f"openai:scripted@{url}", "--out", str(out)],
+        ended = interrupted(["run", "What is 6 x 7?", "--model", f"openai:scripted@{url}", "--out", str(out), *limit],
                             tmp_path, ready=stuck.asked)
     assert ended.returncode == EXIT_INTERRUPTED, ended.stderr
     assert f"interrupted; the attempt so far is written to {out}" in ended.stderr
