@@ -123,7 +123,9 @@ def test_kto_on_top_of_rft_lowers_the_loss_and_separates_good_from_bad_decisions
     assert weights.undesirable_weight > 1.0  # failures are the minority here and are weighted up
     actions = [i for i, kind in enumerate(decisions["kind"]) if kind == "action"]
     good = next(i for i in actions if decisions[i]["label"])
-    bad = next(i for i in actions if not decisions[i]["label"])
+    # a failed attempt's action that differs from the good one (noise leaves some actions as the expert's)
+    bad = next(i for i in actions if not decisions[i]["label"]
+               and decisions[i]["completion_ids"] != decisions[good]["completion_ids"])
     train = decisions.select([good, bad])  # one micro-batch, seen at every step
     config = KTOConfig(output_dir=str(tmp_path / "ck"), max_steps=2, per_device_train_batch_size=2,
                        gradient_accumulation_steps=1, learning_rate=1e-3, warmup_steps=0,
