@@ -1,9 +1,9 @@
 """What a training run computes with on its device: the attention kernel, padding-free batches,
 Liger's fused layers and the micro-batch size, each chosen once, with the reason recorded.
 
-On a 2-core CPU none of this mattered; on a GPU it is most of the difference between the ~16%
-of peak the first H200 run reached and what LoRA fine-tuning usually reaches. Padded batches
-of trajectory sequences of very different lengths spend much of a step on padding; the
+The first H200 run, with none of these, reached ~16% of the GPU's peak where LoRA fine-tuning
+usually reaches 40-60% with them (issue 30; not yet measured here). Padded batches of
+trajectory sequences of very different lengths spend much of a step on padding; the
 varlen flash-attention kernel computes each sequence of a flattened (padding-free) batch
 alone. Without flash-attention, a flattened batch would make SDPA attend over a block-diagonal
 mask of the whole row (quadratic in the row's length, not in each sequence's), so padding-free
@@ -34,9 +34,9 @@ class KernelArguments:
     )
     auto_batch_size: bool = field(
         default=True,
-        metadata={"help": "On a CUDA GPU, raise the micro-batch from free memory (the longest sequence times the "
-                          "micro-batch must fit) and lower gradient_accumulation_steps so that the effective batch "
-                          "stays the same. Off, or on a CPU, the configured sizes are used as given."},
+        metadata={"help": "On a CUDA GPU, set the micro-batch from free memory (the longest sequence times the "
+                          "micro-batch must fit) and gradient_accumulation_steps so that the effective batch stays "
+                          "the same. Off, or on a CPU, the configured sizes are used as given."},
     )
 
 
