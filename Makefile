@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup browser ray demo cat-demo test test-fast clean
+.PHONY: setup browser ray demo cat-demo embedded-cat test test-fast clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,10 @@ demo: setup
 # CAT on this CPU: ToolSelf and vanilla, one seed, table in docs/results/cat-cpu.md (resumable: rerun to continue).
 cat-demo: setup
 	$(VENV)/bin/toolself train study --preset demo --out runs/cat-study --results docs/results/cat-cpu.md
+
+# The shipped `embedded:cat` adapter, rebuilt on the published tasks (resumable; provenance.json beside it).
+embedded-cat: setup
+	TOOLSELF_SUITE_KEY=public $(PY) scripts/build_embedded_cat.py --out runs/embedded-cat
 
 test: setup browser ray
 	$(PY) -m pytest -q
