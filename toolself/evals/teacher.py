@@ -117,7 +117,8 @@ SETTING_STRATEGY = (
 def one_line(text: str, limit: int | None = None) -> str:
     """`text` as the constrained student can write it in a capped string (one line, no double
     quote, no backslash, at most `limit` characters): the student is trained on what the
-    teacher writes, so the teacher writes nothing the student's grammar forbids."""
+    teacher writes, so the teacher writes nothing the student's grammar forbids
+    (docs/notes/2026-12-02-x2-top-12-layers-and-three-grammar-mismatches.md)."""
     text = re.sub(r"\s*\n\s*", " | ", text.strip())
     text = re.sub(r"[\x00-\x1f]", " ", text.replace('"', "'").replace("\\", "/"))
     if limit is not None and len(text) > limit:
@@ -305,7 +306,10 @@ class ExpertTeacher(SyncModelBase):
 
     def _walk_chain(self, chain: list[dict[str, str]], walk: _Walk, boundaries: set[int], goal: str,
                     last_goal: str) -> Plan:
-        """Follow the chain from its first entity, reading each hop's value from the tools."""
+        """Follow the chain from its first entity, reading each hop's value from the tools. The
+        sub-goals name how many hops are left, not their relations: a teacher that wrote the
+        hop plan out taught the student no more
+        (docs/notes/2026-12-04-x11-a-teacher-that-writes-its-hop-plan.md)."""
         entity = chain[0]["entity"]
         for index, step in enumerate(chain):
             if index in boundaries:

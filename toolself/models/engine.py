@@ -197,9 +197,8 @@ def _attention(module, query, key, value, attention_mask, scaling=None, is_causa
     """Torch's SDPA in the cache's dtype, on the key/value heads (`enable_gqa`).
 
     Transformers' "sdpa" repeats the keys and values once per query head whenever a mask is
-    given, which is every prefill on top of a cached prefix; on the key/value heads such a
-    prefill's attention is 1.1x faster, and a bfloat16 decode step over 8 rows 1.4x faster
-    than with the query heads folded into rows (`benchmarks/decode_step.py`)."""
+    given, which is every prefill on top of a cached prefix; on the key/value heads each key
+    is read once (docs/notes/2026-12-04-bf16-kv-cache.md)."""
     q_length = query.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     out = torch.nn.functional.scaled_dot_product_attention(
@@ -544,10 +543,10 @@ class Engine:
 
     def _step(self, batch: _Batch, bitmask) -> None:
         """One forward over the batch. A sequence decoding alone feeds every token it has not
-        fed yet: on one row a step of 8 tokens costs 1.5 steps of one (`benchmarks/decode_step.py`,
-        `span_steps_ms`). In a batch each row feeds one token a step, and one whose forced text is
-        not all fed yet picks nothing: on 8 rows a step of 2 tokens a row costs 1.7 steps of one,
-        so padding the other rows to one row's span would slow them more than it speeds that row."""
+        fed yet, since on one row a step of several tokens costs far less than as many steps.
+        In a batch each row feeds one token a step, and one whose forced text is not all fed
+        yet picks nothing: padding the other rows to one row's span would slow them more than
+        it speeds that row (docs/notes/2026-12-04-jump-forward.md)."""
         start, cpu_start = time.perf_counter(), time.thread_time()
         rows = batch.rows
         span = len(rows[0].unfed) if len(rows) == 1 else 1

@@ -10,7 +10,8 @@ The grammar fixes syntax only. Every offered tool stays an alternative of equal 
 the choice of tool is the model's own. Free-text strings get a length cap because a 135M model
 left inside an unbounded string can repeat itself until the token budget is gone. xgrammar's
 rule for a capped string admits no JSON escape, so capped text is one line without quotes or
-backslashes (every way of widening that rule made token masks hundreds of times slower). Strings
+backslashes (every way of widening that rule made token masks far slower:
+docs/notes/2026-12-02-x2-top-12-layers-and-three-grammar-mismatches.md). Strings
 that must be written verbatim (code, shell commands, excerpts of files: `contentMediaType` in
 the schema, see `toolself.tools.base.Verbatim`) keep the full JSON string rule and no cap; the
 per-call token budget bounds them.

@@ -14,7 +14,7 @@ once per step, and prefill is bound by arithmetic. No one precision suits both h
 Activations and norms stay in float32, and so do attention and the KV cache except on CPUs
 with AMX, where the engine keeps the cache in bfloat16 (`local.kv_dtype`). The float32
 weights are dropped, so the model takes as much memory as before (a float16 and a bfloat16
-copy).
+copy). Measurements: docs/notes/2026-12-03-mixed-dtype.md.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 
 # Rows at or below which a product counts as decoding: a batch of decode steps has at most
-# the engine's max_batch rows, a prefill has a prompt's worth.
+# the engine's max_batch rows, a prefill has a prompt's worth. Lower, a reused cache's greedy
+# replies part from recomputed ones (docs/notes/2026-12-04-batch-jump-forward-spans-not-kept.md).
 DECODE_ROWS = 16
 
 

@@ -179,8 +179,8 @@ def default_device() -> str:
 def default_threads() -> int:
     """Torch threads for each engine thread: half the cores, at most eight. The prefill and
     the decode thread then each have their own cores, and on a small shared machine a parallel
-    region waiting for a descheduled thread costs more than a second thread gains (measured
-    here on 2 busy cores: a decode step took 67 ms on one thread, 80-700 ms on two)."""
+    region waiting for a descheduled thread costs more than a second thread gains
+    (docs/notes/2026-12-02-a-second-torch-thread-for-decoding.md)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
@@ -192,17 +192,13 @@ def default_dtype() -> str:
     """What dtype "auto" means: "mixed" where torch has fbgemm's float16 product (x86), else
     bfloat16 where oneDNN has bf16 kernels for this CPU, else float32.
 
-    float32 was the default until "mixed" because it keeps greedy replies reproducible: a
-    reply computed on top of a reused KV cache, or inside a batch, matched the one computed
-    alone in every step measured. bfloat16 halves the memory traffic of decoding and makes
-    prefill ~2x cheaper, but a chunked prefill then rounds differently from a whole one and
-    greedy replies can part ways after a near-tie (one step in seven in the benchmark).
-    "mixed" decodes with float16 weights and float32 arithmetic (products within ~3e-4 of
-    float32's) and prefills in bfloat16: about 1.8x float32's speed for one episode, and its
-    replies kept both properties in every measurement and test so far. That is not a
-    guarantee (its prefill rounds as bfloat16's does, so a near-tie can still part them);
-    float32 remains the dtype to choose for exact comparisons. Training always starts from
-    the float32 directory, whatever the dtype of inference."""
+    "mixed" decodes with float16 weights and float32 arithmetic and prefills in bfloat16: the
+    fastest of the three for one episode, and a greedy reply computed on a reused KV cache or
+    inside a batch stays the one computed alone (the engine's tests check it; not a guarantee,
+    since its prefill rounds as bfloat16's does). bfloat16 alone lets a chunked prefill round
+    differently from a whole one, so greedy replies can part ways after a near-tie. float32
+    is the dtype for exact comparisons. Training always starts from the float32 directory,
+    whatever the dtype of inference. Why: docs/notes/2026-12-03-mixed-dtype.md."""
     from toolself.models import half_linear
 
     if default_device() == "cuda":
@@ -216,13 +212,11 @@ def kv_dtype(model) -> torch.dtype:
     """The embedded engine's KV cache dtype: bfloat16 for a bfloat16 or mixed model on a CPU
     with AMX, float32 otherwise.
 
-    With AMX, torch's CPU attention kernel in bfloat16 (on the key/value heads) reads a
-    360-token observation on top of a 1.5k-token cache 2.6x faster than the float32 cache did,
-    and a decode step's attention 1.6x (1 row) to 1.9x (8 rows) faster; the cache takes half
-    the memory. The mixed dtype's greedy replies stayed the same reused or recomputed, batched
-    or alone, in the tests and the benchmark. Without AMX bfloat16 attention was no faster
-    than float32 (AMD EPYC, avx512_bf16), and a float32 model keeps a float32 cache so that
-    it stays the dtype of exact comparisons."""
+    With AMX, torch's bfloat16 attention kernel is much faster than the float32 one (prefill
+    and decoding alike) and the cache takes half the memory, while the mixed dtype's greedy
+    replies stay the same reused or recomputed, batched or alone. Without AMX it is no
+    faster, and a float32 model keeps a float32 cache so that it stays the dtype of exact
+    comparisons (docs/notes/2026-12-04-bf16-kv-cache.md)."""
     import torch
 
     from toolself.models.half_linear import HalfLinear, has_amx

@@ -4,10 +4,10 @@ The data is two globals: the run (list rows and summaries, small) and the detail
 *string* per attempt. A string literal costs the browser a scan, not an object graph, so a
 run of thousands of long attempts opens as fast as its list; an attempt is parsed when it is
 first shown. Above `SPLIT_BYTES` the data goes to `<report>.data.js` beside the page, loaded
-by a plain `<script src>` (which, unlike fetch, works from file://): Chromium takes about
-longer to get through a large inline script in the HTML parser than through the same bytes
-as an external script (1,000 attempts of 50 steps, 47 MB, to first render: 1.7-4.3 s inline,
-0.95-1.6 s beside; benchmarks/viewer.py), and the HTML stays small enough for any tool to open.
+by a plain `<script src>` (which, unlike fetch, works from file://): Chromium gets through a
+large inline script in the HTML parser more slowly than through the same bytes as an
+external script (docs/benchmarks.md, "Trajectory viewer"), and the HTML stays small enough
+for any tool to open.
 """
 
 from __future__ import annotations
