@@ -16,6 +16,7 @@ from rich.console import Console
 from toolself.cli_errors import fail
 from toolself.cli_options import ToolOptions, tool_options
 from toolself.evals.preflight import CheckingLoader, Provided
+from toolself.interrupts import say_how_to_resume
 from toolself.models.local import DTYPE_HELP
 
 console = Console()
@@ -45,6 +46,7 @@ def backend_option(backend: str, address: str | None = None, ray_cpus: float = 1
 
 
 @tool_options
+@say_how_to_resume
 def eval_command(
     tasks: list[str] = typer.Option(..., "--tasks", "-t", help="Dataset specs, comma-separated or repeated: "
                                     "builtin:research, gaia:PATH, frames:PATH, swebench:PATH, jsonl:PATH, ..."),
