@@ -73,3 +73,30 @@ def test_the_fallback_is_always_valid_and_keeps_the_previous_mode():
     assert fallback.toolbox == POOL and fallback.context_mode == "truncation" and fallback.subgoal == "next"
     parsed = parse_configuration(fallback.to_json(), POOL, MODES)
     assert parsed.configuration == fallback
+
+
+def test_the_schema_shown_and_the_validation_applied_come_from_one_model():
+    from toolself.config import configuration_model
+
+    model = configuration_model(tuple(POOL), tuple(MODES), 100)
+    assert configuration_schema(POOL, MODES, max_text=100)["properties"].keys() == model.model_fields.keys()
+
+
+def test_a_text_over_the_schema_max_length_is_rejected():
+    parsed = parse_configuration(json.dumps({**GOOD, "strategy": "s" * 101}), POOL, MODES, max_text=100)
+    assert parsed.configuration is None
+    assert parsed.problems == ["field 'strategy' has 101 characters, over the limit of 100"]
+
+
+@pytest.mark.parametrize("knowledge, source, summary", [("", "none", ""), ("ALL", "history", ""),
+                                                        ("a is alpha", "summary", "a is alpha")])
+def test_the_official_knowledge_form_reads_into_the_same_configuration(knowledge, source, summary):
+    data = {k: v for k, v in GOOD.items() if k != "knowledge"} | {"knowledge": knowledge}
+    parsed = parse_configuration(json.dumps(data), POOL, MODES, knowledge_form="official")
+    assert parsed.configuration.knowledge == source and parsed.configuration.knowledge_summary == summary
+
+
+def test_the_official_schema_describes_knowledge_as_free_text():
+    schema = configuration_schema(POOL, MODES, knowledge_form="official")
+    assert schema["properties"]["knowledge"]["type"] == "string" and "enum" not in schema["properties"]["knowledge"]
+    assert "knowledge_summary" not in schema["properties"]

@@ -37,15 +37,16 @@ from toolself.config import (
     fallback_configuration,
     parse_configuration,
 )
-from toolself.context import MODES, describe_modes
+from toolself.context import MODES, ContextMode, describe_modes, make_mode
 from toolself.history import HistoryPool
 from toolself.models.base import ChatModel, Completion, Message, ToolCall
 from toolself.tools.base import Observation, Tool, ToolArgumentError, ToolContext, ToolPool
-from toolself.tools.special import RECONFIGURE, SPECIAL_TOOLS, TERMINATE
+from toolself.tools.special import OFFICIAL_TOOLS, RECONFIGURE, SPECIAL_TOOLS, TERMINATE, canonical_arguments
 from toolself.trajectory import Conversation, ModelCall, Stage, Step, Trajectory
 
 FREEZABLE = ("subgoal", "strategy", "toolbox", "knowledge", "mode")
 CONFIGURATORS = ("policy", "decoupled", "preset")
+DIALECTS = ("toolself", "official")
 # After the time limit, the policy's last call (its best answer) gets this share of the limit.
 FINAL_ANSWER_GRACE = 0.1
 
@@ -66,6 +67,16 @@ class AgentSettings:
     max_reply_chars: the most characters kept of a reply's text and of each call's arguments; a
     call with longer arguments is not run (the model is told the limit).
     max_observation_chars: the most characters kept of a tool's observation.
+    modes: the context modes offered to the policy, with their parameters (default: one of
+    each registered mode, as it comes; names or `{"type": ..., **parameters}` are accepted).
+    config_attempts: configuration calls before the fallback (the first and its repairs).
+    dialect: how the special tools and the knowledge field are shown to the policy: toolself's
+    own, or the authors' (`reconfigure(execution_summary, update_reason, new_sub_goal,
+    additional_details)`, `terminate(status, result, summary)`); both are always accepted.
+    prompts: a folder under toolself/prompts whose templates replace the default ones.
+    answer_on_timeout: when the time limit ends the attempt, ask the policy for its best answer
+    (False: the attempt ends without one, so a timeout scores wrong).
+    crash_retries: attempts run again after one that crashed (`end_reason` error).
     """
 
     method: str = "toolself"
@@ -73,11 +84,11 @@ class AgentSettings:
     reconfigure: bool = True
     preset: Configuration | None = None
     freeze: tuple[str, ...] = ()
-    modes: tuple[str, ...] = ("basic", "truncation")
+    modes: tuple[Any, ...] = field(default_factory=lambda: tuple(MODES))
     max_stages: int = 6
     max_steps_per_stage: int = 12
     max_total_steps: int | None = None
-    max_total_tokens: int = 200_000
+    max_total_tokens: int | None = 200_000
     time_limit: float | None = None
     context_budget: int = 8_000
     max_tokens_per_call: int | None = None
@@ -85,6 +96,11 @@ class AgentSettings:
     context_limit: int | None = None
     max_reply_chars: int = 100_000
     max_observation_chars: int = 100_000
+    config_attempts: int = 2
+    dialect: str = "toolself"
+    prompts: str = ""
+    answer_on_timeout: bool = True
+    crash_retries: int = 0
 
     def __post_init__(self) -> None:
         if self.configurator not in CONFIGURATORS:
@@ -94,10 +110,17 @@ class AgentSettings:
         unknown = [f for f in self.freeze if f not in FREEZABLE]
         if unknown:
             raise ValueError(f"cannot freeze {unknown}; freezable dimensions: {list(FREEZABLE)}")
-        missing = [m for m in self.modes if m not in MODES]
-        if missing:
-            raise ValueError(f"unknown context mode(s) {missing}; registered: {list(MODES)}")
-        for name in ("max_stages", "max_steps_per_stage", "max_total_tokens", "context_budget",
+        self.modes = tuple(make_mode(m) for m in self.modes)
+        names = [m.name for m in self.modes]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"modes must name each context mode once, not {names}")
+        if self.preset is not None and self.preset.context_mode not in names:
+            raise ValueError(f"the preset's context mode {self.preset.context_mode!r} is not offered: {names}")
+        if self.dialect not in DIALECTS:
+            raise ValueError(f"dialect must be one of {DIALECTS}, not {self.dialect!r}")
+        if self.crash_retries < 0:
+            raise ValueError("crash_retries must be at least 0")
+        for name in ("max_stages", "max_steps_per_stage", "max_total_tokens", "context_budget", "config_attempts",
                      "max_total_steps", "context_limit", "max_reply_chars", "max_observation_chars"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
@@ -110,8 +133,12 @@ class AgentSettings:
         out = dict(self.__dict__)
         out["preset"] = self.preset.to_dict() if self.preset else None
         out["freeze"] = list(self.freeze)
-        out["modes"] = list(self.modes)
+        out["modes"] = [m.to_dict() for m in self.modes]
         return out
+
+    @property
+    def mode_names(self) -> list[str]:
+        return [m.name for m in self.modes]
 
 
 class Observer:
@@ -135,6 +162,14 @@ def _templates() -> jinja2.Environment:
 
 def render(name: str, **values: Any) -> str:
     return _templates().get_template(name).render(**values).strip()
+
+
+@functools.lru_cache(maxsize=None)
+def template_name(folder: str, name: str) -> str:
+    """`folder/name` when that folder has its own version of the template, else `name`."""
+    if folder and (resources.files("toolself") / "prompts" / folder / name).is_file():
+        return f"{folder}/{name}"
+    return name
 
 
 class BudgetExhausted(Exception):
@@ -170,9 +205,25 @@ class Agent:
         ctx = ctx or ToolContext.temporary(model=self.model)
         if ctx.model is None:
             ctx.model = self.model
-        trajectory = Trajectory(task=task, task_id=task_id, method=self.settings.method,
-                                model=getattr(self.model, "name", type(self.model).__name__),
-                                settings=self.settings.to_dict(), metadata=dict(metadata or {}))
+        crashed: list[str] = []  # a crashed attempt is run again, `crash_retries` times, in the same context
+        try:
+            while True:
+                trajectory = Trajectory(task=task, task_id=task_id, method=self.settings.method,
+                                        model=getattr(self.model, "name", type(self.model).__name__),
+                                        settings=self.settings.to_dict(), metadata=dict(metadata or {}))
+                if crashed:
+                    trajectory.metadata["crashed_before"] = list(crashed)
+                self._attempt(trajectory, ctx, cancel)
+                if trajectory.end_reason != "error" or len(crashed) >= self.settings.crash_retries:
+                    break
+                crashed.append(trajectory.error or "")
+        finally:
+            if own_ctx:
+                ctx.close()
+        self.observer.finished(trajectory)
+        return trajectory
+
+    def _attempt(self, trajectory: Trajectory, ctx: ToolContext, cancel: threading.Event | None) -> None:
         try:
             _Attempt(self, trajectory, ctx, cancel).run()
         except (KeyboardInterrupt, SystemExit) as exc:
@@ -181,11 +232,7 @@ class Agent:
             exc.trajectory = trajectory  # type: ignore[union-attr]
             raise
         finally:
-            if own_ctx:
-                ctx.close()
             self.model.end_session(trajectory.id)
-        self.observer.finished(trajectory)
-        return trajectory
 
 
 def interrupted_attempt(exc: BaseException) -> Trajectory | None:
@@ -215,7 +262,7 @@ class _Attempt:
         self.final_deadline = self.deadline
         self.cut_arguments: dict[int, int] = {}  # id(ToolCall) -> characters its arguments had
         self.tool_names = agent.pool.names
-        self.modes = list(self.s.modes)
+        self.modes = {m.name: m for m in self.s.modes}
         self._token_counts: dict[int, list[int]] = {}
         self.stage: Stage | None = None
         self.actions = 0
@@ -249,7 +296,7 @@ class _Attempt:
         """C_0, written by the policy from the spec with an empty history (or a preset)."""
         if self.s.configurator == "preset":
             return self.resolve_preset(), "preset", [], None
-        conversation = Conversation([Message("system", render("setup_system.j2")),
+        conversation = Conversation([Message("system", self.render("setup_system.j2")),
                                      Message("user", self.spec(request=None))])
         model = self.agent.config_model if self.s.configurator == "decoupled" else self.agent.model
         config, source, problems = self.write_configuration(conversation, model, subgoal=self.trajectory.task)
@@ -260,7 +307,7 @@ class _Attempt:
         assert stage is not None
         if self.s.configurator == "decoupled":
             spec = self.spec(request)
-            conversation = Conversation([Message("system", render("setup_system.j2")), Message("user", spec)])
+            conversation = Conversation([Message("system", self.render("setup_system.j2")), Message("user", spec)])
             config, source, problems = self.write_configuration(conversation, self.agent.config_model,
                                                                 request["next_subgoal"])
         else:
@@ -275,10 +322,12 @@ class _Attempt:
             self.stage.duration = time.monotonic() - self.stage.started
         config, frozen = self.apply_freeze(config)
         index = len(self.trajectory.stages)
-        system = render("stage_system.j2", strategy=config.strategy, task=self.trajectory.task,
-                        subgoal=config.subgoal, knowledge=self.knowledge(config),
-                        reconfigure=self.s.reconfigure)
-        user = render("stage_user.j2", task=self.trajectory.task, subgoal=config.subgoal)
+        system = self.render("stage_system.j2", strategy=config.strategy, task=self.trajectory.task,
+                             subgoal=config.subgoal, knowledge=self.knowledge(config),
+                             reconfigure=self.s.reconfigure, configuration=config,
+                             mode=self.modes[config.context_mode])
+        user = self.render("stage_user.j2", task=self.trajectory.task, subgoal=config.subgoal,
+                           tools=[t.schema for t in self.stage_tools(config)])
         stage = Stage(index=index, configuration=config, config_source=source, config_problems=problems,
                       frozen=frozen, request=request, config_conversation=config_conversation,
                       conversation=Conversation([Message("system", system), Message("user", user)]),
@@ -307,7 +356,7 @@ class _Attempt:
             message = completion.message
             if not message.tool_calls:
                 stage.conversation.messages.append(
-                    Message("user", render("no_tool_call.j2", tools=list(by_name))))
+                    Message("user", self.render("no_tool_call.j2", tools=list(by_name))))
                 continue
             end: _StageEnd | None = None
             for tool_call in message.tool_calls:
@@ -338,12 +387,12 @@ class _Attempt:
         tool = by_name[name]
         if name in SPECIAL_TOOLS:
             try:
-                arguments = tool.validate(tool_call.arguments or {})
+                arguments = canonical_arguments(name, tool_call.arguments or {})
             except ToolArgumentError as exc:
                 self.respond(stage, tool_call, Observation(str(exc), is_error=True), call_index)
                 return None
             if name == TERMINATE:
-                self.respond(stage, tool_call, Observation("The task is ended."), call_index)
+                self.respond(stage, tool_call, Observation("The task is ended."), call_index, canonical=arguments)
                 stage.end = "terminate"
                 return _StageEnd("terminate", arguments)
             return self.reconfigure(stage, tool_call, arguments, call_index)
@@ -365,23 +414,23 @@ class _Attempt:
             result = "The summary is archived. The next configuration is written separately."
         else:
             result = self.spec(arguments)
-        self.respond(stage, tool_call, Observation(result), call_index)
+        self.respond(stage, tool_call, Observation(result), call_index, canonical=arguments)
         return _StageEnd("reconfigure", arguments)
 
     def forced_reconfigure(self, stage: Stage) -> _StageEnd:
         """One turn offering only `reconfigure`, recorded as a `forced_reconfigure` call, and the
         next stage's request marked `forced: steps`. A reply that is not a valid reconfigure
         still ends the stage, with a summary saying so and the same sub-goal."""
-        reconfigure_tool = SPECIAL_TOOLS[RECONFIGURE]
+        reconfigure_tool = self.special(RECONFIGURE)
         stage.conversation.messages.append(
-            Message("user", render("forced_reconfigure.j2", steps=self.s.max_steps_per_stage)))
+            Message("user", self.render("forced_reconfigure.j2", steps=self.s.max_steps_per_stage)))
         completion, call_index = self.decide(stage.conversation, "forced_reconfigure", [reconfigure_tool.schema])
         end: _StageEnd | None = None
         for tool_call in completion.message.tool_calls:
             problem = "Not run: only reconfigure was allowed in this turn."
             if end is None and tool_call.name == RECONFIGURE and not tool_call.error:
                 try:
-                    end = self.reconfigure(stage, tool_call, reconfigure_tool.validate(tool_call.arguments or {}),
+                    end = self.reconfigure(stage, tool_call, canonical_arguments(RECONFIGURE, tool_call.arguments or {}),
                                            call_index)
                     continue
                 except ToolArgumentError as exc:
@@ -408,50 +457,72 @@ class _Attempt:
             return
         stage.end = stage.end or f"budget:{budget}"
         conversation = stage.conversation
-        conversation.messages.append(Message("user", render("budget.j2", budget=budget)))
+        if budget == "time" and not self.s.answer_on_timeout:
+            return
+        conversation.messages.append(Message("user", self.render("budget.j2", budget=budget)))
         if budget in ("time", "cancelled"):
             grace = FINAL_ANSWER_GRACE * self.s.time_limit if self.s.time_limit else None
             self.final_deadline = time.monotonic() + grace if grace is not None else None
         try:
-            completion, _ = self.decide(conversation, "final", [SPECIAL_TOOLS[TERMINATE].schema], check=False)
+            completion, _ = self.decide(conversation, "final", [self.special(TERMINATE).schema], check=False)
         except BudgetExhausted:
             return  # no best answer within the time left: the attempt ends without one
         except Exception as exc:
             t.error = "".join(traceback.format_exception(exc)).strip()
             return
         for tool_call in completion.message.tool_calls:
-            if tool_call.name == TERMINATE and isinstance((tool_call.arguments or {}).get("answer"), str):
-                t.answer = tool_call.arguments["answer"]
-                return
+            if tool_call.name == TERMINATE and not tool_call.error:
+                try:
+                    t.answer = canonical_arguments(TERMINATE, tool_call.arguments or {})["answer"]
+                    return
+                except ToolArgumentError:
+                    pass
         t.answer = completion.message.content.strip() or None
 
     # -- configurations ----------------------------------------------------------------------
 
     def spec(self, request: dict[str, Any] | None) -> str:
         """The configuration-generation specification z_i."""
-        return render("spec.j2", initial=request is None, stage=len(self.trajectory.stages) - 1,
-                      task=self.trajectory.task, catalogue=self.agent.pool.catalogue(),
-                      modes=describe_modes(self.modes), mode_names=self.modes,
-                      history=self.history.render(), request=request)
+        return self.render("spec.j2", initial=request is None, stage=len(self.trajectory.stages) - 1,
+                           task=self.trajectory.task, catalogue=self.agent.pool.catalogue(),
+                           modes=describe_modes(list(self.modes.values())), mode_names=list(self.modes),
+                           history=self.history.render(), request=request,
+                           schemas=[t.schema for t in self.agent.pool], special=[self.special(RECONFIGURE).schema,
+                                                                                 self.special(TERMINATE).schema])
+
+    def render(self, name: str, **values: Any) -> str:
+        """A prompt template, from the settings' prompt folder when it has its own."""
+        return render(template_name(self.s.prompts, name), **values)
+
+    def special(self, name: str) -> Tool:
+        """`reconfigure` or `terminate` as the settings' dialect shows it."""
+        return (OFFICIAL_TOOLS if self.s.dialect == "official" else SPECIAL_TOOLS)[name]
 
     def write_configuration(self, conversation: Conversation, model: ChatModel,
                             subgoal: str) -> tuple[Configuration, str, list[str]]:
         """Ask for a configuration; one repair on a precise error; then the documented fallback."""
-        schema = configuration_schema(self.tool_names, self.modes, self.s.config_max_text)
+        form = self.s.dialect
+        schema = configuration_schema(self.tool_names, list(self.modes), self.s.config_max_text, form)
         problems: list[str] = []
-        for attempt in ("policy", "repaired"):
+        for attempt in range(self.s.config_attempts):
             completion, call_index = self.decide(conversation, "configure", self.config_tools(conversation),
                                                  response_schema=schema, model=model, check=False)
-            parsed = parse_configuration(completion.message.content, self.tool_names, self.modes)
+            parsed = parse_configuration(completion.message.content, self.tool_names, list(self.modes),
+                                         self.s.config_max_text, form)
             if parsed.configuration is not None:
-                return parsed.configuration, attempt, problems
+                return parsed.configuration, "policy" if attempt == 0 else "repaired", problems
             conversation.calls[call_index].problems = parsed.problems
             problems.extend(parsed.problems)
             self.agent.observer.configuration_rejected(self.trajectory, parsed.problems)
-            if attempt == "policy":
-                conversation.messages.append(Message("user", render("repair.j2", problems=parsed.problems)))
+            if attempt + 1 < self.s.config_attempts:
+                conversation.messages.append(Message("user", self.render("repair.j2", problems=parsed.problems)))
         previous = self.stage.configuration if self.stage else None
-        return fallback_configuration(subgoal, self.tool_names, previous), "fallback", problems
+        return (fallback_configuration(subgoal, self.tool_names, previous, default_mode=self.default_mode),
+                "fallback", problems)
+
+    @property
+    def default_mode(self) -> str:
+        return "basic" if "basic" in self.modes else next(iter(self.modes))
 
     def config_tools(self, conversation: Conversation) -> list[dict[str, Any]] | None:
         """The tools shown during a configuration turn: the same as the turns before it, so the
@@ -482,7 +553,7 @@ class _Attempt:
         if "knowledge" in frozen:
             changes.update(knowledge="none", knowledge_summary="")
         if "mode" in frozen:
-            changes["context_mode"] = "basic"
+            changes["context_mode"] = self.default_mode
         return replace(config, **changes), frozen
 
     def knowledge(self, config: Configuration) -> str:
@@ -495,8 +566,8 @@ class _Attempt:
     def stage_tools(self, config: Configuration) -> list[Tool]:
         tools = self.agent.pool.subset(config.toolbox)
         if self.s.reconfigure:
-            tools.append(SPECIAL_TOOLS[RECONFIGURE])
-        tools.append(SPECIAL_TOOLS[TERMINATE])
+            tools.append(self.special(RECONFIGURE))
+        tools.append(self.special(TERMINATE))
         return tools
 
     # -- model calls and observations --------------------------------------------------------
@@ -506,7 +577,7 @@ class _Attempt:
             raise BudgetExhausted("cancelled")
         if self.deadline is not None and time.monotonic() >= self.deadline:
             raise BudgetExhausted("time")
-        if self.trajectory.usage.total_tokens >= self.s.max_total_tokens:
+        if self.s.max_total_tokens is not None and self.trajectory.usage.total_tokens >= self.s.max_total_tokens:
             raise BudgetExhausted("tokens")
 
     def token_counts(self, conversation: Conversation) -> list[int]:
@@ -523,8 +594,7 @@ class _Attempt:
         """One model call on the stage's current view; the reply joins the conversation."""
         if check:
             self.check_budgets()
-        mode_name = self.stage.configuration.context_mode if self.stage else "basic"
-        mode = MODES.get(mode_name, MODES["basic"])()
+        mode = self.modes[self.stage.configuration.context_mode] if self.stage else ContextMode()
         view = mode.view(conversation.messages, self.token_counts(conversation), self.s.context_budget)
         visible = conversation.render(view)
         if check and kind == "action" and self.s.context_limit is not None and \
@@ -568,7 +638,7 @@ class _Attempt:
                        reasoning=reasoning)
 
     def respond(self, stage: Stage, tool_call, observation: Observation, call_index: int,
-                duration: float = 0.0) -> None:
+                duration: float = 0.0, canonical: dict[str, Any] | None = None) -> None:
         content = _as_text(observation.content)
         cut = {"observation": len(content)} if len(content) > self.s.max_observation_chars else {}
         if id(tool_call) in self.cut_arguments:
@@ -577,7 +647,8 @@ class _Attempt:
         stage.conversation.messages.append(Message("tool", content, tool_call_id=tool_call.id,
                                                    name=tool_call.name or None))
         step = Step(tool=tool_call.name, arguments=tool_call.arguments, observation=content,
-                    is_error=observation.is_error, duration=duration, call=call_index, cut=cut)
+                    is_error=observation.is_error, duration=duration, call=call_index, cut=cut,
+                    canonical=canonical if canonical is not None and canonical != tool_call.arguments else None)
         stage.steps.append(step)
         self.agent.observer.step(self.trajectory, stage, step)
 

@@ -1,20 +1,31 @@
 """The configuration C_i = (sub-goal, strategy, toolbox, knowledge, context mode).
 
-The model writes a configuration as one JSON object. `parse_configuration` turns that text
-into a `Configuration` or into a list of precise problems (unparsable JSON, missing field,
-unknown tool, unknown mode), which the agent sends back once for repair before falling back
-(see `fallback_configuration`).
+The model writes a configuration as one JSON object. One pydantic model, built for the pool
+and the registered context modes (`configuration_model`), is both what the policy is shown
+(`configuration_schema`: tool names and modes enumerated, free text bounded) and what the loop
+applies (`parse_configuration`): the two cannot drift apart. Its errors become precise problems
+(unparsable JSON, missing field, unknown tool, unknown mode, text over its bound), which the
+agent sends back for repair before falling back (see `fallback_configuration`).
+
+`knowledge_form="official"` is the authors' way of writing knowledge: one string that is empty
+(nothing), `ALL` (every archived summary) or the summary itself; it is read into the same
+`Configuration`.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 KnowledgeSource = Literal["none", "history", "summary"]
 KNOWLEDGE_SOURCES: tuple[str, ...] = ("none", "history", "summary")
+KnowledgeForm = Literal["toolself", "official"]
+OFFICIAL_ALL = "ALL"
 
 GENERIC_STRATEGY = (
     "You are a careful, resourceful assistant. Work step by step: gather the information you "
@@ -51,36 +62,94 @@ class Configuration:
 FIELDS = ("subgoal", "strategy", "toolbox", "knowledge", "knowledge_summary", "context_mode")
 REQUIRED = ("subgoal", "strategy", "toolbox", "knowledge", "context_mode")
 
+_DESCRIPTIONS = {
+    "subgoal": "What this stage must achieve.",
+    "strategy": "A persona and a step-by-step plan for the sub-goal, naming tools and decision points.",
+    "toolbox": "Names of the tools to expose in this stage.",
+    "knowledge": "none | history (all archived stage summaries) | summary (knowledge_summary).",
+    "knowledge_official": 'What carries over: "" (nothing), "ALL" (every archived stage summary), or the '
+                          "summary itself.",
+    "knowledge_summary": "The knowledge to carry over, when knowledge is 'summary'.",
+    "context_mode": "How this stage keeps its context within budget.",
+}
 
-def configuration_schema(tool_names: list[str], modes: list[str], max_text: int | None = None) -> dict[str, Any]:
-    """The JSON schema a configuration must match. Tool names and modes are enumerated, so a
-    constrained decoder can only write existing ones; `max_text` bounds free-text fields so a
-    small model cannot run on forever inside a string."""
 
-    def text(description: str, limit: int | None = max_text) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": "string", "description": description}
-        if limit:
-            out["maxLength"] = limit
-        return out
+class _ConfigurationBase(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    return {
-        "type": "object",
-        "properties": {
-            "subgoal": text("What this stage must achieve."),
-            "strategy": text("A persona and a step-by-step plan for the sub-goal, naming tools and decision points."),
-            "toolbox": {
-                "type": "array",
-                "items": {"type": "string", "enum": list(tool_names)},
-                "description": "Names of the tools to expose in this stage.",
-            },
-            "knowledge": {"type": "string", "enum": list(KNOWLEDGE_SOURCES),
-                          "description": "none | history (all archived stage summaries) | summary (knowledge_summary)."},
-            "knowledge_summary": text("The knowledge to carry over, when knowledge is 'summary'."),
-            "context_mode": {"type": "string", "enum": list(modes)},
-        },
-        "required": list(REQUIRED),
-        "additionalProperties": False,
+    @field_validator("subgoal", check_fields=False)
+    @classmethod
+    def _subgoal_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("field 'subgoal' must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _summary_present(self) -> "_ConfigurationBase":
+        if getattr(self, "knowledge", None) == "summary" and not str(getattr(self, "knowledge_summary", "")).strip():
+            raise ValueError("knowledge is 'summary' but 'knowledge_summary' is empty")
+        return self
+
+    def to_configuration(self) -> Configuration:
+        data = self.model_dump()
+        knowledge, summary = data["knowledge"], str(data.get("knowledge_summary", "")).strip()
+        if knowledge not in KNOWLEDGE_SOURCES:  # the official form: "", "ALL" or the summary itself
+            knowledge, summary = ("none", "") if not knowledge.strip() else (
+                ("history", "") if knowledge.strip() == OFFICIAL_ALL else ("summary", knowledge.strip()))
+        return Configuration(subgoal=data["subgoal"].strip(), strategy=data["strategy"].strip(),
+                             toolbox=list(dict.fromkeys(data["toolbox"])), knowledge=knowledge,
+                             knowledge_summary=summary, context_mode=data["context_mode"])
+
+
+def _choice(names: list[str] | tuple[str, ...]) -> Any:
+    return Literal[tuple(names)] if names else str  # type: ignore[valid-type]
+
+
+@functools.lru_cache(maxsize=64)
+def configuration_model(tool_names: tuple[str, ...], modes: tuple[str, ...], max_text: int | None = None,
+                        knowledge_form: KnowledgeForm = "toolself") -> type[_ConfigurationBase]:
+    """The pydantic model of a configuration for this pool and these modes. `max_text` bounds
+    the free-text fields, so a small model cannot run on forever inside a string (and a reply
+    that does is rejected, not silently accepted)."""
+
+    def text(name: str) -> Any:
+        return Annotated[str, Field(description=_DESCRIPTIONS[name], max_length=max_text)]
+
+    if knowledge_form == "official":
+        knowledge: Any = (Annotated[str, Field(description=_DESCRIPTIONS["knowledge_official"],
+                                               max_length=max_text)], ...)
+    else:
+        knowledge = (Annotated[KnowledgeSource, Field(description=_DESCRIPTIONS["knowledge"])], ...)
+    fields: dict[str, Any] = {
+        "subgoal": (text("subgoal"), ...),
+        "strategy": (text("strategy"), ...),
+        "toolbox": (Annotated[list[_choice(tool_names)], Field(description=_DESCRIPTIONS["toolbox"])], ...),
+        "knowledge": knowledge,
+        "knowledge_summary": (text("knowledge_summary"), ""),
+        "context_mode": (Annotated[_choice(modes), Field(description=_DESCRIPTIONS["context_mode"])], ...),
     }
+    if knowledge_form == "official":
+        del fields["knowledge_summary"]
+    return create_model("Configuration", __base__=_ConfigurationBase, **fields)
+
+
+def _plain(schema: Any) -> Any:
+    """pydantic's schema without its titles and defaults: what a constrained decoder and a
+    model read needs no more."""
+    if isinstance(schema, dict):
+        return {k: _plain(v) for k, v in schema.items() if k not in ("title", "default")}
+    if isinstance(schema, list):
+        return [_plain(v) for v in schema]
+    return schema
+
+
+def configuration_schema(tool_names: list[str], modes: list[str], max_text: int | None = None,
+                         knowledge_form: KnowledgeForm = "toolself") -> dict[str, Any]:
+    """The JSON schema a configuration must match: the schema of `configuration_model`."""
+    model = configuration_model(tuple(tool_names), tuple(modes), max_text, knowledge_form)
+    schema = _plain(model.model_json_schema())
+    schema["additionalProperties"] = False
+    return schema
 
 
 @dataclass
@@ -104,7 +173,8 @@ def _extract_json_object(text: str) -> str:
     return text.strip()
 
 
-def parse_configuration(text: str, tool_names: list[str], modes: list[str]) -> ParsedConfiguration:
+def parse_configuration(text: str, tool_names: list[str], modes: list[str], max_text: int | None = None,
+                        knowledge_form: KnowledgeForm = "toolself") -> ParsedConfiguration:
     """Parse and validate a configuration written by the model against the pool and modes."""
     if not text or not text.strip():
         return ParsedConfiguration(None, ["the reply was empty; write the configuration as one JSON object"])
@@ -114,48 +184,54 @@ def parse_configuration(text: str, tool_names: list[str], modes: list[str]) -> P
         return ParsedConfiguration(None, [f"the reply is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"])
     if not isinstance(data, dict):
         return ParsedConfiguration(None, [f"the configuration must be a JSON object, not {type(data).__name__}"])
-    return validate_configuration(data, tool_names, modes)
+    return validate_configuration(data, tool_names, modes, max_text, knowledge_form)
 
 
-def validate_configuration(data: dict[str, Any], tool_names: list[str], modes: list[str]) -> ParsedConfiguration:
+def validate_configuration(data: dict[str, Any], tool_names: list[str], modes: list[str],
+                           max_text: int | None = None,
+                           knowledge_form: KnowledgeForm = "toolself") -> ParsedConfiguration:
+    """Validate with `configuration_model`; each of its errors becomes one sentence the policy
+    can act on."""
+    model = configuration_model(tuple(tool_names), tuple(modes), max_text, knowledge_form)
+    try:
+        return ParsedConfiguration(model.model_validate(data).to_configuration(), [], data)
+    except ValidationError as exc:
+        return ParsedConfiguration(None, _problems(exc, data, tool_names, modes), data)
+
+
+def _problems(exc: ValidationError, data: dict[str, Any], tool_names: list[str], modes: list[str]) -> list[str]:
     problems: list[str] = []
-    for name in REQUIRED:
-        if name not in data:
+    unknown_fields: list[str] = []
+    unknown_tools: list[str] = []
+    for error in exc.errors():
+        loc, kind = error["loc"], error["type"]
+        name = str(loc[0]) if loc else ""
+        if kind == "missing":
             problems.append(f"missing field '{name}'")
-    unknown_fields = sorted(set(data) - set(FIELDS))
-    if unknown_fields:
-        problems.append(f"unknown field(s) {unknown_fields}; allowed: {list(FIELDS)}")
-    for name in ("subgoal", "strategy", "knowledge_summary"):
-        if name in data and not isinstance(data[name], str):
-            problems.append(f"field '{name}' must be a string")
-    if "subgoal" in data and isinstance(data["subgoal"], str) and not data["subgoal"].strip():
-        problems.append("field 'subgoal' must not be empty")
-    toolbox = data.get("toolbox")
-    if toolbox is not None:
-        if not isinstance(toolbox, list) or not all(isinstance(t, str) for t in toolbox):
+        elif kind == "extra_forbidden":
+            unknown_fields.append(name)
+        elif name == "toolbox" and len(loc) == 2 and isinstance(data["toolbox"][loc[1]], str):
+            unknown_tools.append(data["toolbox"][loc[1]])
+        elif name == "toolbox":
             problems.append("field 'toolbox' must be a list of tool names")
+        elif name == "context_mode" and kind == "literal_error":
+            problems.append(f"unknown context mode {data[name]!r}; available: {list(modes)}")
+        elif name == "knowledge" and kind == "literal_error":
+            problems.append(f"unknown knowledge source {data[name]!r}; use one of {list(KNOWLEDGE_SOURCES)}")
+        elif kind == "string_type":
+            problems.append(f"field '{name}' must be a string")
+        elif kind == "string_too_long":
+            limit = error.get("ctx", {}).get("max_length")
+            problems.append(f"field '{name}' has {len(data[name]):,} characters, over the limit of {limit:,}")
+        elif kind == "value_error":
+            problems.append(str(error["ctx"]["error"]))
         else:
-            unknown = [t for t in toolbox if t not in tool_names]
-            if unknown:
-                problems.append(f"unknown tool(s) {unknown}; the pool has {list(tool_names)}")
-    if "knowledge" in data and data["knowledge"] not in KNOWLEDGE_SOURCES:
-        problems.append(f"unknown knowledge source {data['knowledge']!r}; use one of {list(KNOWLEDGE_SOURCES)}")
-    if "context_mode" in data and data["context_mode"] not in modes:
-        problems.append(f"unknown context mode {data['context_mode']!r}; available: {list(modes)}")
-    if data.get("knowledge") == "summary" and not str(data.get("knowledge_summary", "")).strip():
-        problems.append("knowledge is 'summary' but 'knowledge_summary' is empty")
-    if problems:
-        return ParsedConfiguration(None, problems, data)
-    toolbox_unique = list(dict.fromkeys(data["toolbox"]))
-    config = Configuration(
-        subgoal=data["subgoal"].strip(),
-        strategy=data["strategy"].strip(),
-        toolbox=toolbox_unique,
-        knowledge=data["knowledge"],
-        knowledge_summary=str(data.get("knowledge_summary", "")).strip(),
-        context_mode=data["context_mode"],
-    )
-    return ParsedConfiguration(config, [], data)
+            problems.append(f"field '{name}': {error['msg']}" if name else error["msg"])
+    if unknown_tools:
+        problems.append(f"unknown tool(s) {list(dict.fromkeys(unknown_tools))}; the pool has {list(tool_names)}")
+    if unknown_fields:
+        problems.append(f"unknown field(s) {sorted(unknown_fields)}; allowed: {list(FIELDS)}")
+    return list(dict.fromkeys(problems))
 
 
 def fallback_configuration(

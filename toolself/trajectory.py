@@ -24,7 +24,10 @@ SCHEMA_VERSION = 1
 
 
 def truncate_text(text: str, keep: int) -> str:
-    """The placeholder a context mode leaves where it cut an old observation."""
+    """The placeholder a context mode leaves where it cut an old observation (with `keep` 0, a
+    one-line stub in its place)."""
+    if keep == 0:
+        return f"[an earlier output of {len(text)} characters was removed to keep the context short]"
     return text[:keep] + f"\n[... {len(text) - keep} more characters of this earlier output were truncated ...]"
 
 
@@ -96,7 +99,10 @@ class Step:
 
     cut: what was over its limit and how many characters it had, e.g. {"observation": 20971520}:
     an observation is kept cut (the model saw the same cut text), a call's arguments are kept cut
-    and the call was not run (see `AgentSettings.max_reply_chars`)."""
+    and the call was not run (see `AgentSettings.max_reply_chars`).
+    canonical: for `reconfigure` and `terminate` written with the authors' argument names
+    (`execution_summary`, `result`, ...), the same call in toolself's names; `arguments` keeps
+    what the model wrote. None when the two are the same."""
 
     tool: str
     arguments: dict[str, Any] | None
@@ -105,6 +111,7 @@ class Step:
     duration: float = 0.0
     call: int = -1  # index of the ModelCall that chose it
     cut: dict[str, int] = field(default_factory=dict)
+    canonical: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Step":

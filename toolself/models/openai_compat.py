@@ -30,7 +30,9 @@ import httpx
 import openai
 
 from toolself.models.base import Completion, Message, ModelError, ToolCall, Usage
-from toolself.models.protocol import new_call_id, parse_tool_calls_text, split_reasoning, to_text_messages
+from toolself.models.protocol import (DEFAULT, TextProtocol, new_call_id, parse_tool_calls_text, split_reasoning,
+                                      text_protocol_named, to_text_messages)
+from toolself.models.tokenizers import own_tokenizer
 
 ToolProtocol = Literal["native", "text", "auto"]
 
@@ -150,7 +152,9 @@ class OpenAIModel:
     `backoff_max` (seconds) shape the exponential backoff. `send_session` sends the episode
     name as a `session` field (understood by `toolself serve`; vLLM ignores unknown fields,
     OpenAI rejects them). A completion's latency is the whole call as the caller waited for
-    it, retries included.
+    it, retries included. `text_protocol` shapes the text protocol (`paper`: see
+    `protocol.PAPER`); `tokenizer` names the served weights' tokenizer, which counts tokens for
+    the context budgets when this machine has it (see `tokenizers`).
     """
 
     def __init__(
@@ -168,6 +172,8 @@ class OpenAIModel:
         backoff_base: float = 0.5,
         backoff_max: float = 30.0,
         send_session: bool = False,
+        text_protocol: TextProtocol | str = DEFAULT,
+        tokenizer: str | None = None,
     ):
         if tool_protocol not in ("native", "text", "auto"):
             raise ValueError(f"tool_protocol must be native, text or auto, not {tool_protocol!r}")
@@ -186,6 +192,8 @@ class OpenAIModel:
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
         self.send_session = send_session
+        self.text_protocol = text_protocol_named(text_protocol)
+        self.tokenizer = tokenizer
         # What the server turned out to support; `auto` starts optimistic.
         self.native_tools = tool_protocol != "text"
         self.schema_format = True
@@ -233,6 +241,9 @@ class OpenAIModel:
             return self._completion(data, native, tools, body["messages"], start)
 
     def count_tokens(self, text: str) -> int:
+        encode = own_tokenizer(self.tokenizer) if self.tokenizer else None
+        if encode is not None:
+            return max(1, len(encode(text)))
         # The server's tokenizer is not reachable through the API; four characters a token is
         # close enough for budgets under BPE vocabularies.
         return max(1, len(text) // 4)
@@ -289,7 +300,7 @@ class OpenAIModel:
         if native:
             wire = [m.to_openai() for m in messages]
         else:
-            wire = to_text_messages(messages, tools)
+            wire = to_text_messages(messages, tools, self.text_protocol)
         body: dict[str, Any] = {"model": self.model, "messages": wire}
         if tools and native:
             body["tools"] = tools
@@ -366,7 +377,7 @@ class OpenAIModel:
                               reasoning=think)
         elif tools and (not native or "<tool_call>" in content):
             # Servers without a tool parser hand the protocol back as text even when asked natively.
-            message = parse_tool_calls_text(content)
+            message = parse_tool_calls_text(content, self.text_protocol)
         else:
             content, think = split_reasoning(content)
             message = Message(role="assistant", content=content, reasoning=think)

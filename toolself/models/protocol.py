@@ -3,7 +3,11 @@
 Tools are described in the system message inside `<tools>` tags; the model answers with
 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks; results come back in a user
 turn inside `<tool_response>` tags. Qwen3 `<think>` blocks are split off into
-`Message.reasoning` and never sent back.
+`Message.reasoning`.
+
+`TextProtocol` holds what varies: toolself's default runs every call of a reply and never sends
+`<think>` back; the authors' (`PAPER`) runs only the first call of a reply, keeps `<think>` in
+the context, and leaves the tool list to the prompt, whose user turn already carries it.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from toolself.models.base import Message, ToolCall
@@ -38,17 +43,44 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:12]
 
 
-def to_text_messages(messages: list[Message], tools: list[dict[str, Any]] | None) -> list[dict[str, str]]:
+@dataclass(frozen=True)
+class TextProtocol:
+    """first_call_only: a reply's later `<tool_call>` blocks are ignored, as if not written.
+    keep_think: an assistant turn goes back with its `<think>` block.
+    tools_in_system: the tool schemas are appended to the system message."""
+
+    first_call_only: bool = False
+    keep_think: bool = False
+    tools_in_system: bool = True
+
+
+DEFAULT = TextProtocol()
+PAPER = TextProtocol(first_call_only=True, keep_think=True, tools_in_system=False)
+TEXT_PROTOCOLS = {"default": DEFAULT, "paper": PAPER}
+
+
+def text_protocol_named(protocol: TextProtocol | str) -> TextProtocol:
+    """A protocol given by name (as run files and model options carry it) or as itself."""
+    if isinstance(protocol, TextProtocol):
+        return protocol
+    if protocol not in TEXT_PROTOCOLS:
+        raise ValueError(f"unknown text protocol {protocol!r}; known: {list(TEXT_PROTOCOLS)}")
+    return TEXT_PROTOCOLS[protocol]
+
+
+def to_text_messages(messages: list[Message], tools: list[dict[str, Any]] | None,
+                     protocol: TextProtocol = DEFAULT) -> list[dict[str, str]]:
     """Flatten typed messages into plain role/content turns a template without tool support
     can render. Consecutive tool results share one user turn, as in Qwen's template."""
     out: list[dict[str, str]] = []
-    tool_text = tools_system_text(tools) if tools else ""
+    tool_text = tools_system_text(tools) if tools and protocol.tools_in_system else ""
     for i, m in enumerate(messages):
         if m.role == "system":
             content = m.content + ("\n\n" + tool_text if tool_text and i == 0 else "")
             out.append({"role": "system", "content": content})
         elif m.role == "assistant":
-            parts = [m.content] if m.content else []
+            parts = [f"<think>\n{m.reasoning}\n</think>"] if protocol.keep_think and m.reasoning else []
+            parts += [m.content] if m.content else []
             for c in m.tool_calls:
                 args = c.arguments if c.arguments is not None else c.raw_arguments
                 parts.append("<tool_call>\n" + json.dumps({"name": c.name, "arguments": args}, ensure_ascii=False)
@@ -77,7 +109,7 @@ def split_reasoning(text: str) -> tuple[str, str | None]:
     return rest, ("\n".join(thoughts) if thoughts else None)
 
 
-def parse_tool_calls_text(text: str) -> Message:
+def parse_tool_calls_text(text: str, protocol: TextProtocol = DEFAULT) -> Message:
     """Parse an assistant reply written in the text protocol.
 
     A block that is not valid JSON still becomes a `ToolCall` carrying the error, so the agent
@@ -85,7 +117,8 @@ def parse_tool_calls_text(text: str) -> Message:
     """
     content, reasoning = split_reasoning(text)
     calls: list[ToolCall] = []
-    for raw in _TOOL_CALL.findall(content):
+    blocks = _TOOL_CALL.findall(content)
+    for raw in blocks[:1] if protocol.first_call_only else blocks:
         raw = raw.strip()
         try:
             obj = json.loads(raw)
