@@ -16,7 +16,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from toolself.cli_errors import DEBUG_ENV, debugging, describe, err_console, fail, warn
-from toolself.cli_options import ToolOptions, default_web_cache, tool_options
+from toolself.cli_options import ToolOptions, default_web_cache, preset_option, tool_options
 from toolself.evals.preflight import check_free_task
 from toolself.models.local import DTYPE_HELP
 
@@ -112,6 +112,7 @@ def run(
     temperature: float = typer.Option(0.0, min=0, help="0 for greedy decoding."),
     seed: int = typer.Option(0, help="Sampling seed."),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    preset: Optional[str] = preset_option(),
     tool_options: ToolOptions = ToolOptions(),
 ) -> None:
     """Run one attempt at TASK, showing each stage as it happens."""
@@ -122,23 +123,30 @@ def run(
     from toolself.progress import RichObserver
     from toolself.tools.base import ToolContext
     from toolself.trajectory import write_jsonl
-    from toolself.variants import settings_for
+    from toolself.variants import load_run_preset, settings_for
 
+    try:
+        run_preset = load_run_preset(preset) if preset else None
+    except ValueError as exc:
+        _fail(str(exc))
     if time_limit is not None:
         warn("--time-limit is deprecated; it is --timeout, as in `toolself eval`")
         timeout = timeout if timeout is not None else time_limit
     defaults = model_defaults(model)
     try:
-        settings = settings_for(method, tuple(freeze), max_stages=max_stages, max_steps_per_stage=max_steps,
-                                max_total_tokens=max_tokens, time_limit=timeout,
-                                context_budget=context_budget or defaults.context_budget,
-                                config_max_text=defaults.config_max_text,
-                                max_tokens_per_call=defaults.max_tokens_per_call)
+        overrides = dict(max_stages=max_stages, max_steps_per_stage=max_steps, max_total_tokens=max_tokens,
+                         time_limit=timeout, context_budget=context_budget or defaults.context_budget,
+                         config_max_text=defaults.config_max_text, max_tokens_per_call=defaults.max_tokens_per_call)
+        if run_preset is not None:
+            overrides.update(run_preset.settings(), time_limit=run_preset.timeout)
+        settings = settings_for(method, tuple(freeze), **overrides)
     except ValueError as exc:
         _fail(str(exc))
     tool_options = tool_options.with_cache(default_web_cache())
     try:
         pool = tool_options.pool()
+        if run_preset is not None:
+            run_preset.adapt_pool(pool, tool_options.web, tool_options.docs)
     except Exception as exc:
         _fail(f"building the tool pool: {exc}")
     try:
@@ -150,7 +158,8 @@ def run(
     console.print(f"loading the model {model} ...", highlight=False)
     started = time.monotonic()
     try:
-        policy = load_model(model, **model_options(model, temperature, seed, dtype))
+        policy = load_model(model, **{**model_options(model, temperature, seed, dtype),
+                                      **(run_preset.model_options(model) if run_preset else {})})
         writer = load_model(config_model) if config_model else None
     except (ValueError, OSError, ImportError, ModelError) as exc:
         _fail(f"loading the model {model}: {exc}", code=1)
@@ -211,7 +220,9 @@ def methods() -> None:
     """List the methods (the paper's variants and ablations)."""
     from toolself.variants import methods as all_methods
 
-    for m in all_methods():
+    from toolself.variants import presets
+
+    for m in all_methods() + presets():
         console.print(f"[bold]{m.name:28}[/bold] {m.summary}")
 
 

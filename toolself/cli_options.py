@@ -26,7 +26,16 @@ import typer
 
 from toolself.tools.options import ToolOptions, default_web_cache
 
-__all__ = ["OPTIONS", "ToolOptions", "default_web_cache", "tool_options"]
+__all__ = ["OPTIONS", "PRESET_HELP", "ToolOptions", "default_web_cache", "preset_option", "tool_options"]
+
+PRESET_HELP = ("A whole run setting: paper (the authors' setting point by point, docs/paper.md). It sets the "
+               "budgets, sampling, context handling, prompts, tool-call protocol, tools, timeout and scorer, over "
+               "the options of the same names.")
+
+
+def preset_option() -> Any:
+    """`--preset NAME` of `run`, `eval` and `train cat` (see `toolself.variants.RunPreset`)."""
+    return typer.Option(None, "--preset", help=PRESET_HELP)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 
 from toolself.cli_errors import fail
-from toolself.cli_options import ToolOptions, tool_options
+from toolself.cli_options import ToolOptions, preset_option, tool_options
 from toolself.evals.preflight import CheckingLoader, Provided
 from toolself.interrupts import say_how_to_resume
 from toolself.models.local import DTYPE_HELP
@@ -77,6 +77,7 @@ def eval_command(
     address: Optional[str] = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001); default: a local one."),
     ray_cpus: float = typer.Option(1.0, min=0.01, help="Ray CPUs each attempt holds (fractions let I/O-bound attempts "
                                    "share cores)."),
+    preset: Optional[str] = preset_option(),
     tool_options: ToolOptions = ToolOptions(),
 ) -> None:
     """Run methods on datasets; resumable, with per-attempt timeouts and a live progress line.
@@ -85,7 +86,12 @@ def eval_command(
     from toolself.evals.records import atomic_write_text
     from toolself.evals.report import markdown_accuracy, write_report
     from toolself.evals.runner import RunInProgress, SettingsMismatch, model_options, run_eval
+    from toolself.variants import load_run_preset
 
+    try:
+        run_preset = load_run_preset(preset) if preset else None
+    except ValueError as exc:
+        _fail(str(exc))
     specs, names = _split_list(tasks), _split_list(methods)
     for spec in specs:
         try:
@@ -102,19 +108,28 @@ def eval_command(
     if context_budget is not None:
         settings["context_budget"] = context_budget
     options = model_options(model, temperature, seed, dtype)
+    judge = tool_options.judge
+    if run_preset is not None:
+        settings.update(run_preset.settings())
+        options.update(run_preset.model_options(model))
+        timeout = run_preset.timeout
+        judge = run_preset.judge(judge)
     fresh = not (out / "run.json").exists()
     tool_options = tool_options.with_cache(out / "web_cache")
     try:
         pool = tool_options.pool()
+        if run_preset is not None:
+            run_preset.adapt_pool(pool, tool_options.web, tool_options.docs)
     except Exception as exc:
         _fail(f"building the tool pool: {exc}")
     loader = CheckingLoader(Provided.of(pool, tool_options.web, tool_options.judge), tool_options.allow_missing)
     try:
         runner_backend = backend_option(backend, address, ray_cpus)
         summary = run_eval(specs, names, model, out, concurrency=concurrency, timeout=timeout or None, grace=grace,
-                           limit=limit, repeats=repeats, judge=tool_options.judge, freeze=tuple(freeze),
+                           limit=limit, repeats=repeats, judge=judge, freeze=tuple(freeze),
                            config_model=config_model, split=split, seed=seed, force=force, settings=settings,
-                           model_options=options, backend=runner_backend, pool=pool, loader=loader)
+                           model_options=options, backend=runner_backend, pool=pool,
+                           loader=run_preset.retarget(loader) if run_preset else loader)
     except (SettingsMismatch, RunInProgress) as exc:
         _fail(str(exc))
     except (ValueError, FileNotFoundError, ImportError) as exc:

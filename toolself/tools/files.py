@@ -19,9 +19,9 @@ import base64
 import json
 from pathlib import Path
 
-from toolself.tools.base import ToolContext, ToolError, tool
+from toolself.tools.base import Tool, ToolContext, ToolError, tool
 from toolself.tools.sandbox import LIMITS_PRELUDE, SandboxedProcess, SandboxUser, limits_for
-from toolself.tools.visit import paginate
+from toolself.tools.visit import extract_evidence, paginate
 from toolself.tools.workspace import Workspace, kind_of
 
 MAX_BYTES = 50 * 1024 * 1024
@@ -152,10 +152,21 @@ def file_analyzer(path: str, ctx: ToolContext, page: int = 1) -> str:
         path: The file, relative to the workspace root.
         page: Which page of the text to read, starting at 1.
     """
-    if ctx is None:
-        raise ToolError("file_analyzer needs a task context (a workspace)")
     if page < 1:
         raise ToolError("page starts at 1")
+    shown, pages = _pages(path, ctx)
+    if page > len(pages):
+        raise ToolError(f"{shown} has {len(pages)} page(s); page {page} does not exist")
+    text = pages[page - 1] or "(the file has no text)"
+    header = f"{shown}" + (f" (page {page} of {len(pages)})" if len(pages) > 1 else "")
+    footer = f"\n\n[page {page} of {len(pages)}; call file_analyzer with page={page + 1} to read on]" if page < len(pages) else ""
+    return f"{header}\n\n{text}{footer}"
+
+
+def _pages(path: str, ctx: ToolContext) -> tuple[str, list[str]]:
+    """The file as it is shown, and its converted text in pages (cached per attempt)."""
+    if ctx is None:
+        raise ToolError("file_analyzer needs a task context (a workspace)")
     ws = Workspace.of(ctx)
     loc = ws.locate(path)
     shown = loc.shown
@@ -173,10 +184,29 @@ def file_analyzer(path: str, ctx: ToolContext, page: int = 1) -> str:
             if len(data) > MAX_BYTES:
                 raise ToolError(f"{shown} grew past {MAX_BYTES >> 20} MB while it was read")
             cache[key] = paginate(convert_bytes(data, loc.parts[-1], ctx))
-    pages = cache[key]
-    if page > len(pages):
-        raise ToolError(f"{shown} has {len(pages)} page(s); page {page} does not exist")
-    text = pages[page - 1] or "(the file has no text)"
-    header = f"{shown}" + (f" (page {page} of {len(pages)})" if len(pages) > 1 else "")
-    footer = f"\n\n[page {page} of {len(pages)}; call file_analyzer with page={page + 1} to read on]" if page < len(pages) else ""
-    return f"{header}\n\n{text}{footer}"
+    return shown, cache[key]
+
+
+GOAL_READ_CHARS = 100_000
+
+
+def goal_file_analyzer(max_chars: int = GOAL_READ_CHARS) -> Tool:
+    """`file_analyzer` in the authors' form (the `paper` preset): a file and a goal; the first
+    `max_chars` characters of its text go to the attempt's model, which extracts the evidence
+    for the goal as `visit` does (`visit.extract_evidence`); without a model, the first page."""
+
+    def file_analyzer(path: str, goal: str, ctx: ToolContext) -> str:
+        """Analyse a file of the workspace (PDF, DOCX, XLSX, PPTX, CSV, HTML, JSON or text) for a goal.
+
+        Args:
+            path: The file, relative to the workspace root.
+            goal: What you want to learn from the file.
+        """
+        shown, pages = _pages(path, ctx)
+        text = "".join(pages)[:max_chars]
+        model = getattr(ctx, "model", None)
+        if model is None or not text:
+            return f"{shown}\n\n{pages[0] if pages and pages[0] else '(the file has no text)'}"
+        return f"{shown}\n\n{extract_evidence(model, goal, shown, text)}"
+
+    return Tool(file_analyzer)

@@ -111,6 +111,7 @@ def format_results(batches: list[QueryResults]) -> str:
 class _Search:
     settings: WebSettings | None = None
     docs: Path | None = None
+    k: int = RESULTS_PER_QUERY
 
     def search(self, query: str | list[str], ctx: ToolContext) -> str:
         """Search for documents; returns ranked results with title, locator and the best-matching passage.
@@ -126,13 +127,13 @@ class _Search:
         if len(queries) > MAX_QUERIES:
             note = f"\n(Only the first {MAX_QUERIES} of {len(queries)} queries were run.)"
             queries = queries[:MAX_QUERIES]
-        return format_results(run_queries(queries, ctx, settings=self.settings, docs=self.docs)) + note
+        return format_results(run_queries(queries, ctx, k=self.k, settings=self.settings, docs=self.docs)) + note
 
 
-def search_tool(settings: WebSettings | None, docs: Path | None = None) -> Tool:
+def search_tool(settings: WebSettings | None, docs: Path | None = None, k: int = RESULTS_PER_QUERY) -> Tool:
     """`search` bound to `settings` (None: read from the environment at each call) and to the
-    run's document collection `docs` for tasks that have none of their own."""
-    return Tool(_Search(settings, docs).search)
+    run's document collection `docs` for tasks that have none of their own; `k` results per query."""
+    return Tool(_Search(settings, docs, k).search)
 
 
 search = search_tool(None)

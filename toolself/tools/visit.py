@@ -11,6 +11,11 @@ failed extraction returns the page itself with a note, since the page is still u
 Web pages are read by the run's page reader (`WebSettings.reader`: directly or through a
 reader service); their text is kept in the run's cache, so a rerun does not fetch twice.
 
+`goal_visit_tool` is the authors' form of the tool (the `paper` preset): a list of URLs and a
+required goal; each page is read whole up to a bound (150,000 characters there) and the
+summariser answers with its rationale, the evidence and a summary, of which the evidence and
+the summary come back.
+
 Locators that are not exact get one chance: a unique, close match on title or locator is
 accepted; otherwise the error lists the nearest candidates so the next call can be right.
 """
@@ -18,6 +23,7 @@ accepted; otherwise the error lists the nearest candidates so the next call can 
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import threading
 from dataclasses import asdict, dataclass, field
@@ -34,6 +40,7 @@ from toolself.tools.web.cache import DiskCache
 from toolself.tools.web.settings import WebSettings
 
 PAGE_CHARS = 6000
+GOAL_READ_CHARS = 150_000
 EXTRACT_MAX_TOKENS = 600
 SUMMARISER_TIMEOUT_S = 120.0
 SUMMARISER_RETRIES = 3
@@ -123,8 +130,8 @@ def open_document(locator: str, ctx: ToolContext | None, settings: WebSettings, 
     return resolve_local(collection, locator)
 
 
-def _template() -> jinja2.Template:
-    source = resources.files("toolself").joinpath("prompts/visit_extract.j2").read_text(encoding="utf-8")
+def _template(name: str = "visit_extract.j2") -> jinja2.Template:
+    source = resources.files("toolself").joinpath(f"prompts/{name}").read_text(encoding="utf-8")
     return jinja2.Template(source, undefined=jinja2.StrictUndefined, keep_trailing_newline=False)
 
 
@@ -141,6 +148,24 @@ def extract_for_goal(model, page: Page, goal: str) -> str:
     return (completion.text or "").strip()
 
 
+def extract_evidence(model, goal: str, source: str, text: str) -> str:
+    """The authors' goal-directed reading of `text`: the summariser gives its rationale, the
+    evidence and a summary as JSON; the evidence and the summary are returned (the whole reply
+    when it is not that JSON)."""
+    from toolself.models.base import Message
+
+    prompt = _template("paper/visit_extract.j2").render(goal=goal, source=source, text=text).strip()
+    reply = (model.complete([Message("user", prompt)]).text or "").strip()
+    start, end = reply.find("{"), reply.rfind("}")
+    try:
+        data = json.loads(reply[start:end + 1]) if start != -1 < end else None
+    except json.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict) or not (data.get("evidence") or data.get("summary")):
+        return reply or "Nothing relevant was found."
+    return f"Evidence:\n{data.get('evidence') or '(none)'}\n\nSummary:\n{data.get('summary') or '(none)'}"
+
+
 @dataclass
 class _Visit:
     """The tool's state: its settings, and the summariser built from them on first use (not
@@ -148,14 +173,15 @@ class _Visit:
 
     settings: WebSettings | None = None
     docs: Path | None = None
+    max_chars: int = GOAL_READ_CHARS
     _summariser: Any = field(default=None, repr=False)
     _lock: Any = field(default_factory=threading.Lock, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"settings": self.settings, "docs": self.docs}
+        return {"settings": self.settings, "docs": self.docs, "max_chars": self.max_chars}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["settings"], state["docs"])
+        self.__init__(state["settings"], state["docs"], state.get("max_chars", GOAL_READ_CHARS))
 
     def summariser(self, settings: WebSettings, ctx: ToolContext | None) -> Any:
         if settings.visit_model is None:
@@ -200,6 +226,43 @@ class _Visit:
         if not current.text:
             return f"{header}\n\n(the document is empty)"
         return f"{header}\n\n{current.text}{footer}"
+
+
+    def read_for_goal(self, url: list[str], goal: str, ctx: ToolContext) -> str:
+        """Visit one or several web pages (or documents by their locator) and return what serves the goal.
+
+        Args:
+            url: The URLs (or document locators) to visit.
+            goal: What you want to find in them.
+        """
+        urls = [url] if isinstance(url, str) else list(url)
+        urls = [u.strip() for u in urls if u and u.strip()]
+        if not urls or not goal.strip():
+            raise ToolError("give at least one url and a goal")
+        settings = self.settings or WebSettings.from_env()
+        model = self.summariser(settings, ctx)
+        parts = []
+        for locator in urls:
+            try:
+                doc = open_document(locator, ctx, settings, self.docs)
+            except ToolError as exc:
+                parts.append(f"# {locator}\nThe page could not be read: {exc}")
+                continue
+            text = doc.text[: self.max_chars]
+            if model is None:
+                body = paginate(text)[0] if text else "(the page is empty)"
+            else:
+                try:
+                    body = extract_evidence(model, goal, doc.locator, text)
+                except Exception as exc:  # the page itself is still useful
+                    body = f"(extraction failed: {type(exc).__name__}: {exc}; the page begins)\n{paginate(text)[0]}"
+            parts.append(f"# {doc.title}\nurl: {doc.locator}\n\n{body}")
+        return "\n\n=======\n\n".join(parts)
+
+
+def goal_visit_tool(settings: WebSettings | None, docs: Path | None = None, max_chars: int = GOAL_READ_CHARS) -> Tool:
+    """`visit` in the authors' form (see the module docs), reading up to `max_chars` of each page."""
+    return Tool(_Visit(settings, docs, max_chars).read_for_goal, name="visit")
 
 
 def visit_tool(settings: WebSettings | None, docs: Path | None = None) -> Tool:

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from toolself.cli_errors import fail, warn
-from toolself.cli_options import ToolOptions, tool_options
+from toolself.cli_options import ToolOptions, preset_option, tool_options
 from toolself.interrupts import say_how_to_resume
 from toolself.models.local import DTYPE_HELP
 
@@ -398,19 +398,26 @@ def cat_command(
     backend: str = typer.Option("local", help="Where collection attempts run: local | ray."),
     address: Optional[str] = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001)."),
     ray_cpus: float = typer.Option(1.0, help="Ray CPUs each attempt holds."),
+    preset: Optional[str] = preset_option(),
     tool_options: ToolOptions = ToolOptions(),
 ) -> None:
     """CAT end to end: collect -> RFT -> collect -> KTO -> evaluate, resumable step by step.
-    Every task's needs (web search, a judge, ...) are checked before any work."""
+    Every task's needs (web search, a judge, ...) are checked before any work. `--preset` sets
+    the agent's settings, the sampling temperature and the timeout of every collection."""
     from toolself.train.pipeline import CATSettings, PipelineMismatch, StepDied, run_cat
+    from toolself.variants import load_run_preset
 
     try:
+        run_preset = load_run_preset(preset) if preset else None
+        agent = {**json.loads(agent_options), **(run_preset.settings() if run_preset else {})}
+        if run_preset is not None:
+            temperature, timeout = run_preset.sampling.temperature, run_preset.timeout
         settings = CATSettings(tasks=_split(tasks), teacher=teacher, student=student, teacher_samples=teacher_samples,
                                policy_samples=policy_samples, limit=limit, policy_limit=policy_limit,
                                eval_tasks=_split(eval_tasks) or None,
                                eval_limit=eval_limit, temperature=temperature, seed=seed, max_length=max_length,
                                method=method, dtype=dtype,
-                               agent=json.loads(agent_options), rft=json.loads(rft_options),
+                               agent=agent, rft=json.loads(rft_options),
                                kto=json.loads(kto_options), concurrency=concurrency, timeout=timeout,
                                tools=_tools_record(tool_options))
     except json.JSONDecodeError as exc:

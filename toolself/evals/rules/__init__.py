@@ -11,6 +11,7 @@
 | `xbench_judge`   | xbench-DeepSearch  | the xbench judge said 正确            |                        |
 | `judge`          | any JSONL          | toolself's generic judge              |                        |
 | `exact_fallback` | the judged ones    | normalised exact match, no judge given|                        |
+| `paper`          | any (`--preset paper`) | the authors' chain: exact, normalised, 1% numeric, YES/NO judge |  |
 
 SWE-bench is decided from the test log (`toolself.evals.rules.swebench`), not from an answer.
 A task names its scorer in `metadata["scorer"]` (the loaders set it); without one it is `gaia`.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from toolself.evals.rules import gaia, gsm8k, hotpotqa, judged
+from toolself.evals.rules import gaia, gsm8k, hotpotqa, judged, paper
 from toolself.evals.scorers import LLMJudge, Score
 from toolself.evals.task import Task
 
@@ -78,6 +79,7 @@ SCORERS: dict[str, Callable[[Task, str | None, LLMJudge | None], Score]] = {
     "frames_judge": _judged(judged.FRAMES, "frames_judge"),
     "xbench_judge": _judged(judged.XBENCH, "xbench_judge"),
     "judge": _judged(None, "llm_judge"),
+    "paper": paper.paper_score,
 }
 
 
