@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from http_fixtures import serving
+from test_agent import lookup, shout
 from toolself.agent import Agent, AgentSettings
 from toolself.cli import app
 from toolself.context import BasicMode, TruncationMode
@@ -22,32 +23,12 @@ from toolself.evals.task import Task
 from toolself.models.base import Message
 from toolself.models.protocol import PAPER, parse_tool_calls_text, to_text_messages
 from toolself.models.scripted import ScriptedModel, call
-from toolself.tools.base import ToolPool, tool
+from toolself.tools.base import ToolPool
 from toolself.trajectory import Conversation
 from toolself.variants import load_run_preset, settings_for
 from web_fakes import FakeService, Reply
 
 PAPER_PRESET = load_run_preset("paper")
-
-
-@tool
-def lookup(key: str) -> str:
-    """Look a key up in a small table.
-
-    Args:
-        key: The key to look up.
-    """
-    return {"a": "alpha", "b": "beta"}.get(key, "no such key")
-
-
-@tool
-def shout(text: str) -> str:
-    """Upper-case a text.
-
-    Args:
-        text: What to shout.
-    """
-    return text.upper()
 
 
 POOL = ToolPool([lookup, shout])
