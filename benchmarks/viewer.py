@@ -75,7 +75,7 @@ def screenshots(folder: Path, limit: int) -> None:
     from toolself.evals.teacher import ExpertTeacher
 
     # The runner has no option for the teacher's noise; the per-task policy factory is set here.
-    runner._expert_policy = lambda: (lambda task: ExpertTeacher(task, noise=0.35, seed=1))
+    ExpertTeacher.for_task = classmethod(lambda cls, task: cls(task, noise=0.35, seed=1))
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as playwright:
         tmp = Path(tmp)

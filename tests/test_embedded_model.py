@@ -359,7 +359,8 @@ def test_batch_rows_keep_their_caches_while_others_join_and_leave():
 def test_a_run_closes_the_models_it_built_from_specs_and_leaves_the_callers_own(tmp_path, model):
     """A study evaluates a dozen models in one process: a model left open keeps its engine
     threads and KV caches for ever."""
-    from toolself.evals.backends import AttemptModels, LocalBackend
+    from toolself.evals.attempt import AttemptModels
+    from toolself.evals.backends import LocalBackend
     from toolself.tools.base import ToolPool
 
     executor = LocalBackend().open(AttemptModels("embedded", config_model=model), ToolPool([]), tmp_path, 1.0)

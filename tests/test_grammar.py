@@ -135,8 +135,8 @@ def test_unconstrained_calls_have_no_grammar_and_equal_constraints_share_one(gra
 def teacher_replies() -> tuple[list, list[str], list]:
     """(pool, the configurations, the tool calls) the expert teacher writes on every suite,
     with and without its wrong turns."""
-    from toolself.evals.runner import default_pool
     from toolself.evals.teacher import scored_attempts
+    from toolself.tools.registry import default_pool
 
     pool = default_pool()
     configs, calls = [], []

@@ -40,8 +40,8 @@ def tiny(tmp_path_factory):
 def sft(tiny):
     from transformers import AutoTokenizer
 
-    from toolself.evals.runner import default_pool
     from toolself.evals.teacher import scored_attempts
+    from toolself.tools.registry import default_pool
     from toolself.train import data as D
 
     pool = default_pool()

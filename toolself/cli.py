@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Optional
@@ -19,6 +18,7 @@ from toolself.cli_errors import DEBUG_ENV, debugging, describe, err_console, fai
 from toolself.cli_options import ToolOptions, default_web_cache, preset_option, tool_options
 from toolself.evals.preflight import check_free_task
 from toolself.models.local import DTYPE_HELP
+from toolself.models.spec import ModelSpec, model_defaults
 
 
 class _Commands(TyperGroup):
@@ -64,25 +64,6 @@ DEMO_QUESTION = "In which town was the founder of the company that makes the Lum
 DEMO_ANSWER = "Harrowgate"
 
 
-@dataclass
-class ModelDefaults:
-    """Budgets that suit a model: a 135M model on a CPU needs short contexts and bounded text.
-    The bound on a configuration's free text (600 characters) stops a small model that never
-    closes a string, yet leaves room for the strategies it is trained to write (the expert
-    teacher's run to ~510 characters; at 300 a trained student was cut off mid-strategy by the
-    grammar and then lost the thread of the rest of its configuration)."""
-
-    context_budget: int
-    config_max_text: int | None
-    max_tokens_per_call: int | None
-
-
-def model_defaults(spec: str) -> ModelDefaults:
-    if spec == "embedded" or spec.startswith("local:"):
-        return ModelDefaults(context_budget=3000, config_max_text=600, max_tokens_per_call=384)
-    return ModelDefaults(context_budget=16_000, config_max_text=None, max_tokens_per_call=None)
-
-
 def demo_docs() -> Path:
     return Path(str(resources.files("toolself") / "data" / "demo"))
 
@@ -117,9 +98,8 @@ def run(
 ) -> None:
     """Run one attempt at TASK, showing each stage as it happens."""
     from toolself.agent import Agent
-    from toolself.evals.runner import model_options
     from toolself.interrupts import keeping_the_attempt
-    from toolself.models import ModelError, load_model
+    from toolself.models import ModelError
     from toolself.progress import RichObserver
     from toolself.tools.base import ToolContext
     from toolself.trajectory import write_jsonl
@@ -132,7 +112,12 @@ def run(
     if time_limit is not None:
         warn("--time-limit is deprecated; it is --timeout, as in `toolself eval`")
         timeout = timeout if timeout is not None else time_limit
-    defaults = model_defaults(model)
+    try:
+        spec = ModelSpec.parse(model)
+        writer_spec = ModelSpec.parse(config_model) if config_model else None
+    except ValueError as exc:
+        _fail(str(exc))
+    defaults = model_defaults(spec)
     try:
         overrides = dict(max_stages=max_stages, max_steps_per_stage=max_steps, max_total_tokens=max_tokens,
                          time_limit=timeout, context_budget=context_budget or defaults.context_budget,
@@ -158,9 +143,9 @@ def run(
     console.print(f"loading the model {model} ...", highlight=False)
     started = time.monotonic()
     try:
-        policy = load_model(model, **{**model_options(model, temperature, seed, dtype),
-                                      **(run_preset.model_options(model) if run_preset else {})})
-        writer = load_model(config_model) if config_model else None
+        policy = spec.load(**{**spec.options(temperature, seed, dtype),
+                              **(run_preset.model_options(model) if run_preset else {})})
+        writer = writer_spec.load() if writer_spec else None
     except (ValueError, OSError, ImportError, ModelError) as exc:
         _fail(f"loading the model {model}: {exc}", code=1)
     collection = tool_options.collection()
@@ -208,11 +193,13 @@ def serve(
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
 ) -> None:
     """Serve a model behind an OpenAI-compatible API (/v1/chat/completions, /v1/models, /health)."""
-    from toolself.evals.runner import model_options
-    from toolself.models import load_model
     from toolself.serve import serve as serve_model
 
-    serve_model(load_model(model, **model_options(model, 0.0, 0, dtype)), host=host, port=port)
+    try:
+        spec = ModelSpec.parse(model)
+    except ValueError as exc:
+        _fail(str(exc))
+    serve_model(spec.load(**spec.options(0.0, 0, dtype)), host=host, port=port)
 
 
 @app.command()

@@ -23,36 +23,14 @@ import time
 import traceback
 import uuid
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from toolself.evals.attempt import AttemptEnv, AttemptModels, BuiltModels, Job, record, run_attempt
+from toolself.tools.registry import default_pool
+
 RAY_MISSING = "the Ray backend needs ray: pip install 'toolself[ray]'"
-
-
-@dataclass(frozen=True)
-class AttemptModels:
-    """The models of a run as the user gave them: specs (strings) travel to Ray workers and are
-    built there; model objects are used as they are (and must pickle to travel)."""
-
-    model: Any
-    config_model: Any = None
-    judge: Any = None
-    options: dict[str, Any] = field(default_factory=dict)
-
-    def build(self) -> Any:
-        """The run's `runner.BuiltModels` (policy for a task, configuration writer, judge)."""
-        from toolself.evals.runner import _models
-
-        return _models(self.model, self.config_model, self.judge, self.options)
-
-    def cache_key(self) -> tuple | None:
-        """A key under which a worker may keep the built models across runs: only specs name
-        the same models twice."""
-        parts = (self.model, self.config_model, self.judge)
-        if not all(p is None or isinstance(p, str) for p in parts):
-            return None
-        return parts + (tuple(sorted((k, repr(v)) for k, v in self.options.items())),)
 
 
 class Executor(Protocol):
@@ -85,25 +63,20 @@ class LocalBackend:
     name = "local"
 
     def open(self, models: AttemptModels, pool: Any, workspaces: Path, grace: float) -> "_LocalExecutor":
-        from toolself.evals.runner import _AttemptEnv, default_pool
-
         built = models.build()
         own_pool = default_pool() if pool is None else None  # closed at the end (MCP connections)
-        env = _AttemptEnv(built.policy_for, pool if pool is not None else own_pool, built.writer, built.judge,
-                          workspaces)
+        env = AttemptEnv.of(built, pool if pool is not None else own_pool, workspaces)
         return _LocalExecutor(env, own_pool, built)
 
 
 @dataclass
 class _LocalExecutor:
-    env: Any
+    env: AttemptEnv
     own_pool: Any
-    built: Any
+    built: BuiltModels
 
-    def execute(self, job: Any, cancel: threading.Event, live: list) -> tuple[Any, str | None]:
-        from toolself.evals.runner import _run_attempt
-
-        return _run_attempt(self.env, job, cancel, live)
+    def execute(self, job: Job, cancel: threading.Event, live: list) -> tuple[Any, str | None]:
+        return run_attempt(self.env, job, cancel, live)
 
     def close(self) -> None:
         if self.own_pool is not None and hasattr(self.own_pool, "close"):
@@ -134,7 +107,7 @@ class RayBackend:
         ray = import_ray()
         if not ray.is_initialized():
             ray.init(address=self.address, log_to_driver=False, configure_logging=False)
-        if models.model == "embedded" or (isinstance(models.model, str) and models.model.startswith("local:")):
+        if getattr(models.model, "in_process", False):
             warnings.warn(f"--backend ray with model {models.model!r}: every Ray worker process loads its own copy "
                           "of the model; serve it once (`toolself serve` or vLLM) and pass openai:NAME@URL instead",
                           RuntimeWarning, stacklevel=2)
@@ -175,9 +148,7 @@ class _RayExecutor:
         self.lock = threading.Lock()
         self.capacity: int | None = None  # attempts the cluster runs at once (its CPUs / num_cpus)
 
-    def execute(self, job: Any, cancel: threading.Event, live: list) -> tuple[Any, str | None]:
-        from toolself.evals.runner import _record
-
+    def execute(self, job: Job, cancel: threading.Event, live: list) -> tuple[Any, str | None]:
         started = time.monotonic()
         limit = job.settings.time_limit
         try:
@@ -193,23 +164,21 @@ class _RayExecutor:
             return self.ray.get(ref)
         except BaseException as exc:  # a lost worker after its retries, a cancelled task
             failure = "".join(traceback.format_exception(exc)).strip()
-            return _record(job, None, None, failure, time.monotonic() - started), None
+            return record(job, None, None, failure, time.monotonic() - started), None
 
     def close(self) -> None:
         pass
 
 
 _WORKER_LOCK = threading.Lock()
-_WORKER_MODELS: dict[Any, Any] = {}  # runner.BuiltModels, kept for later runs with the same specs
+_WORKER_MODELS: dict[Any, BuiltModels] = {}  # kept for later runs with the same specs
 _WORKER_POOLS: dict[str, Any] = {}
 
 
-def _worker_env(context_ref: list, run: str) -> Any:
+def _worker_env(context_ref: list, run: str) -> AttemptEnv:
     """The attempt environment of this worker process for a run: models built once per process
     (per spec, so a later run with the same models reuses them), the pool once per run."""
     import ray
-
-    from toolself.evals.runner import _AttemptEnv, default_pool
 
     with _WORKER_LOCK:
         pool = _WORKER_POOLS.get(run)
@@ -229,15 +198,12 @@ def _worker_env(context_ref: list, run: str) -> Any:
             built = _WORKER_MODELS[key] = models.build()
     import tempfile
 
-    return _AttemptEnv(built.policy_for, pool, built.writer, built.judge,
-                       Path(tempfile.gettempdir()) / "toolself-ray" / run)
+    return AttemptEnv.of(built, pool, Path(tempfile.gettempdir()) / "toolself-ray" / run)
 
 
-def _remote_attempt(context_ref: list, run: str, job: Any, limit: float | None) -> tuple[Any, str | None]:
+def _remote_attempt(context_ref: list, run: str, job: Job, limit: float | None) -> tuple[Any, str | None]:
     """One attempt on a Ray worker; the cancel event fires at the time limit, as the local
     scheduler's watchdog would (the agent ends the attempt as `budget:time`)."""
-    from toolself.evals.runner import _run_attempt
-
     env = _worker_env(context_ref, run)
     cancel = threading.Event()
     timer = threading.Timer(limit, cancel.set) if limit else None
@@ -245,7 +211,7 @@ def _remote_attempt(context_ref: list, run: str, job: Any, limit: float | None) 
         timer.daemon = True
         timer.start()
     try:
-        return _run_attempt(env, job, cancel, [])
+        return run_attempt(env, job, cancel, [])
     finally:
         if timer is not None:
             timer.cancel()

@@ -18,6 +18,7 @@ from toolself.cli_options import ToolOptions, preset_option, tool_options
 from toolself.evals.preflight import CheckingLoader, Provided
 from toolself.interrupts import say_how_to_resume
 from toolself.models.local import DTYPE_HELP
+from toolself.models.spec import ModelSpec
 
 console = Console()
 
@@ -85,7 +86,7 @@ def eval_command(
     from toolself.evals.cli import check_spec
     from toolself.evals.records import atomic_write_text
     from toolself.evals.report import markdown_accuracy, write_report
-    from toolself.evals.runner import RunInProgress, SettingsMismatch, model_options, run_eval
+    from toolself.evals.runner import RunInProgress, SettingsMismatch, run_eval
     from toolself.variants import load_run_preset
 
     try:
@@ -98,8 +99,8 @@ def eval_command(
             check_spec(spec)
         except ValueError as exc:
             _fail(str(exc))
-    for option, spec in (("--model", model), ("--judge", tool_options.judge), ("--config-model", config_model)):
-        _check_model_spec(option, spec)
+    policy, judge, writer = (_model_spec(option, spec) for option, spec in (
+        ("--model", model), ("--judge", tool_options.judge), ("--config-model", config_model)))
     if names == ["all"]:
         from toolself.variants import methods as all_methods
 
@@ -107,8 +108,7 @@ def eval_command(
     settings = {"max_stages": max_stages, "max_steps_per_stage": max_steps, "max_total_tokens": max_tokens}
     if context_budget is not None:
         settings["context_budget"] = context_budget
-    options = model_options(model, temperature, seed, dtype)
-    judge = tool_options.judge
+    options = policy.options(temperature, seed, dtype)
     if run_preset is not None:
         settings.update(run_preset.settings())
         options.update(run_preset.model_options(model))
@@ -159,10 +159,18 @@ def eval_command(
         _fail(f"every attempt of this run failed ({summary.ran}); the last: {last}", code=1)
 
 
-def _check_model_spec(option: str, spec: str | None) -> None:
-    """A `local:PATH` that is not there, caught before the run writes anything."""
-    if spec and spec.startswith("local:") and not Path(spec.split(":", 1)[1]).expanduser().exists():
-        _fail(f"{option} {spec}: no model directory at {spec.split(':', 1)[1]}")
+def _model_spec(option: str, spec: str | None) -> ModelSpec | None:
+    """The spec parsed, here at the edge; a `local:PATH` that is not there is caught before the
+    run writes anything."""
+    if not spec:
+        return None
+    try:
+        parsed = ModelSpec.parse(spec)
+    except ValueError as exc:
+        _fail(f"{option}: {exc}")
+    if parsed.kind == "local" and not Path(str(parsed.path)).expanduser().exists():
+        _fail(f"{option} {spec}: no model directory at {parsed.path}")
+    return parsed
 
 
 def _forget_empty_run(out: Path, fresh: bool) -> None:

@@ -37,12 +37,13 @@ import queue
 import shutil
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from toolself.agent import Agent, AgentSettings, Observer
+from toolself.agent import AgentSettings
+from toolself.evals.attempt import AttemptModels, Job, as_model, fill_from_trajectory
+from toolself.evals.backends import make_backend
 from toolself.evals.progress import EvalProgress
 from toolself.evals.records import (
     AttemptKey,
@@ -53,10 +54,10 @@ from toolself.evals.records import (
     safe_name,
 )
 from toolself.evals.report import RUN_FILE, Table, aggregate
-from toolself.trajectory import Stage, Trajectory
+from toolself.models.spec import ModelSpec
+from toolself.trajectory import Trajectory
 
 RUN_FORMAT = 1
-TIMEOUT_END_REASONS = ("budget:time", "budget:cancelled")
 
 
 class SettingsMismatch(ValueError):
@@ -90,37 +91,18 @@ class RunSummary:
 
 
 @dataclass
-class _Job:
-    key: AttemptKey
-    task: Any
-    settings: AgentSettings
-
-
-@dataclass
 class _Running:
-    job: _Job
+    job: Job
     cancel: threading.Event
     started: float
     live: list[Trajectory] = field(default_factory=list)
 
 
-class _Capture(Observer):
-    """Keeps a reference to the attempt's trajectory, so that an abandoned attempt can still be
-    recorded with what it did up to the moment it was given up."""
-
-    def __init__(self, live: list[Trajectory]):
-        self.live = live
-
-    def stage_started(self, trajectory: Trajectory, stage: Stage) -> None:
-        if not self.live:
-            self.live.append(trajectory)
-
-
 def _identity(model: Any, config_model: Any, judge: Any, split: str, seed: int, timeout: float | None,
               freeze: Sequence[str], overrides: dict[str, Any], model_options: dict[str, Any]) -> dict[str, Any]:
     def name(x: Any) -> Any:
-        if x is None or isinstance(x, str):
-            return x
+        if x is None or isinstance(x, (str, ModelSpec)):
+            return x if x is None else str(x)
         inner = getattr(x, "model", None)
         return getattr(x, "name", None) or getattr(inner, "name", None) or type(x).__name__
 
@@ -151,45 +133,6 @@ def _check_run_file(out: Path, identity: dict[str, Any], command: dict[str, Any]
     data["commands"].append({**command, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     data["last_command"] = command
     atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-
-
-def model_options(model: str, temperature: float, seed: int, dtype: str = "auto") -> dict[str, Any]:
-    """Sampling options for a model spec, for `run_eval(model_options=...)`: local models take
-    temperature, seed and dtype (see `local.default_dtype`); a served model a temperature when
-    one is asked for (on-policy collection samples so that the K attempts at a task differ); the
-    expert teacher none."""
-    if model == "embedded" or model.startswith("local:"):
-        return {"temperature": temperature, "seed": seed, "dtype": dtype}
-    if model.startswith("openai:") and temperature:
-        return {"temperature": temperature}
-    return {}
-
-
-def _load_model(spec: Any, **options: Any) -> Any:
-    if spec is None or not isinstance(spec, str):
-        return spec
-    from toolself.models import load_model
-
-    return load_model(spec, **options)
-
-
-def _expert_policy() -> Callable[[Any], Any]:
-    from toolself.evals.teacher import ExpertTeacher
-
-    return ExpertTeacher.for_task
-
-
-def default_pool():
-    """The global tool pool (falls back to the tools present when the registry is absent)."""
-    try:
-        from toolself.tools.registry import default_pool as registry_pool
-    except ImportError:
-        from toolself.tools.base import ToolPool
-        from toolself.tools.search import search
-        from toolself.tools.visit import visit
-
-        return ToolPool([search, visit])
-    return registry_pool()
 
 
 def run_eval(
@@ -225,7 +168,6 @@ def run_eval(
     (default: a quarter of the timeout, at least 5 s); backend: where attempts execute,
     `local` (threads in this process), `ray`, `ray:ADDRESS` or a Backend (see `backends`).
     """
-    from toolself.evals.backends import AttemptModels, make_backend
     from toolself.variants import settings_for
 
     if concurrency < 1:
@@ -237,14 +179,12 @@ def run_eval(
     if not methods:
         raise ValueError("no method given")
     out = Path(out)
+    model, config_model, judge = as_model(model), as_model(config_model), as_model(judge)
     overrides = dict(settings or {})
-    if isinstance(model, str) and model != "expert":
-        from toolself.cli import model_defaults
-
-        defaults = model_defaults(model)
-        overrides.setdefault("context_budget", defaults.context_budget)
-        overrides.setdefault("config_max_text", defaults.config_max_text)
-        overrides.setdefault("max_tokens_per_call", defaults.max_tokens_per_call)
+    defaults = getattr(model, "defaults", None)
+    if defaults is not None:
+        for name, value in defaults.settings().items():
+            overrides.setdefault(name, value)
     method_settings = {m: settings_for(m, tuple(freeze), time_limit=timeout, **overrides) for m in methods}
     grace = max(5.0, 0.25 * timeout) if grace is None and timeout else (grace or 0.0)
 
@@ -308,47 +248,7 @@ def run_eval(
         lock.close()
 
 
-@dataclass
-class _AttemptEnv:
-    """What every attempt of a run shares."""
-
-    policy_for: Callable[[Any], Any]
-    pool: Any
-    writer: Any
-    judge: Any
-    workspaces: Path
-
-
-def _run_attempt(env: _AttemptEnv, job: _Job, cancel: threading.Event,
-                 live: list[Trajectory]) -> tuple[AttemptRecord, str | None]:
-    """One attempt in its own environment, scored before the environment closes (code tasks
-    run their tests in the workspace). Never raises: a crash is an `error` record."""
-    from toolself.evals.scorers import score
-
-    started = time.monotonic()
-    task = job.task
-    trajectory: Trajectory | None = None
-    verdict = None
-    failure: str | None = None
-    try:
-        policy = env.policy_for(task)
-        with task.environment(root=env.workspaces, model=policy) as environment:
-            agent = Agent(policy, env.pool, job.settings, config_model=env.writer, observer=_Capture(live))
-            metadata = {"attempt": job.key.to_dict(), "family": task.family, "split": task.split,
-                        "reference": task.answer}
-            trajectory = agent.run(task.question, ctx=environment.context, task_id=task.id, metadata=metadata,
-                                   cancel=cancel)
-            verdict = score(task, trajectory.answer, environment, env.judge)
-    except BaseException as exc:  # a crash in one attempt is data, never the end of the run
-        failure = "".join(traceback.format_exception(exc)).strip()
-    try:
-        record = _record(job, trajectory, verdict, failure, time.monotonic() - started)
-        return record, (trajectory.to_json() if trajectory is not None else None)
-    except BaseException as exc:
-        return _record(job, None, None, "".join(traceback.format_exception(exc)).strip(), 0.0), None
-
-
-Execute = Callable[[_Job, threading.Event, list[Trajectory]], tuple[AttemptRecord, str | None]]
+Execute = Callable[[Job, threading.Event, list[Trajectory]], tuple[AttemptRecord, str | None]]
 
 
 class _Scheduler:
@@ -370,7 +270,7 @@ class _Scheduler:
         self.status = {"ok": 0, "timeout": 0, "error": 0}
         self.wall_time = 0.0
 
-    def run(self, jobs: list[_Job]) -> None:
+    def run(self, jobs: list[Job]) -> None:
         started = time.monotonic()
         pending = list(reversed(jobs))
         try:
@@ -389,11 +289,11 @@ class _Scheduler:
         finally:
             self.wall_time = time.monotonic() - started
 
-    def fill(self, pending: list[_Job]) -> None:
+    def fill(self, pending: list[Job]) -> None:
         while pending and len(self.running) < self.concurrency:
             self.launch(pending.pop())
 
-    def launch(self, job: _Job) -> None:
+    def launch(self, job: Job) -> None:
         entry = _Running(job, threading.Event(), time.monotonic())
 
         def body() -> None:
@@ -404,7 +304,7 @@ class _Scheduler:
         self.progress.attempt_started(job.key)
         threading.Thread(target=body, name=f"attempt-{job.key.task_id}", daemon=True).start()
 
-    def collect(self) -> list[tuple[_Job, AttemptRecord, str | None]]:
+    def collect(self) -> list[tuple[Job, AttemptRecord, str | None]]:
         """Wait for results (or the next deadline), then take every result that is there."""
         arrived = []
         try:
@@ -421,7 +321,7 @@ class _Scheduler:
                 finished.append((entry.job, record, trajectory_json))
         return finished
 
-    def watchdog(self) -> list[tuple[_Job, AttemptRecord, str | None]]:
+    def watchdog(self) -> list[tuple[Job, AttemptRecord, str | None]]:
         """Cancel attempts at their limit; give up on those still running after the grace."""
         if self.timeout is None:
             return []
@@ -436,7 +336,7 @@ class _Scheduler:
                 finished.append((entry.job, record, trajectory_json))
         return finished
 
-    def commit(self, finished: list[tuple[_Job, AttemptRecord, str | None]]) -> None:
+    def commit(self, finished: list[tuple[Job, AttemptRecord, str | None]]) -> None:
         by_method: dict[str, list[tuple[AttemptRecord, str | None]]] = {}
         for job, record, trajectory_json in finished:
             by_method.setdefault(job.key.method, []).append((record, trajectory_json))
@@ -488,53 +388,11 @@ def _clear_stale_workspaces(folder: Path) -> None:
 
 
 def _missing(stores: dict[str, MethodStore], datasets: dict[str, list[Any]], methods: Sequence[str],
-             method_settings: dict[str, AgentSettings], repeats: int) -> list[_Job]:
+             method_settings: dict[str, AgentSettings], repeats: int) -> list[Job]:
     """The attempts not yet committed, repeat by repeat so that early repeats finish first."""
-    return [_Job(AttemptKey(spec, task.id, m, repeat), task, method_settings[m])
+    return [Job(AttemptKey(spec, task.id, m, repeat), task, method_settings[m])
             for repeat in range(repeats) for spec, spec_tasks in datasets.items() for task in spec_tasks
             for m in methods if not stores[m].done(AttemptKey(spec, task.id, m, repeat))]
-
-
-@dataclass
-class BuiltModels:
-    """The models of a run, built from what the user gave. `owned` holds those built here from
-    specs: the run closes them when it ends, since an embedded model's engine threads and KV
-    caches would otherwise outlive it (a study builds a dozen in one process)."""
-
-    policy_for: Callable[[Any], Any]
-    writer: Any
-    judge: Any
-    owned: list[Any] = field(default_factory=list)
-
-    def close(self) -> None:
-        for model in self.owned:
-            close = getattr(model, "close", None)
-            if callable(close):
-                close()
-        self.owned = []
-
-
-def _models(model: Any, config_model: Any, judge: Any, model_options: dict[str, Any] | None) -> BuiltModels:
-    """One shared policy, except `expert`: a fresh teacher per attempt, since it follows one
-    task's plan."""
-    owned: list[Any] = []
-
-    def load(spec: Any, **options: Any) -> Any:
-        built = _load_model(spec, **options)
-        if isinstance(spec, str) and built is not None:
-            owned.append(built)
-        return built
-
-    if model == "expert":
-        policy_for = _expert_policy()
-    else:
-        shared = load(model, **(model_options or {}))
-        policy_for = lambda task: shared  # noqa: E731
-    if isinstance(judge, str):
-        from toolself.evals.scorers import LLMJudge
-
-        judge = LLMJudge(load(judge))
-    return BuiltModels(policy_for, load(config_model), judge, owned)
 
 
 def _default_loader(spec: str, split: str, limit: int | None, seed: int) -> list[Any]:
@@ -551,48 +409,6 @@ def _next_deadline(running: dict[str, _Running], timeout: float | None, grace: f
     for entry in running.values():
         moments.append(entry.started + timeout + (grace if entry.cancel.is_set() else 0.0))
     return max(0.0, min(moments) - now) + 0.01
-
-
-def _status(trajectory: Trajectory | None, failure: str | None) -> str:
-    if failure is not None:
-        return "error"
-    assert trajectory is not None
-    if trajectory.end_reason in TIMEOUT_END_REASONS:
-        return "timeout"
-    if trajectory.end_reason == "error":
-        return "error"
-    return "ok"
-
-
-def _record(job: _Job, trajectory: Trajectory | None, verdict: Any, failure: str | None,
-            wall_time: float) -> AttemptRecord:
-    task = job.task
-    key = job.key
-    record = AttemptRecord(dataset=key.dataset, task_id=key.task_id, method=key.method, repeat=key.repeat,
-                           status=_status(trajectory, failure), family=getattr(task, "family", ""),
-                           split=getattr(task, "split", ""), reference=getattr(task, "answer", None),
-                           wall_time=round(wall_time, 3), finished_at=time.time(), error=failure)
-    if trajectory is not None:
-        _fill_from_trajectory(record, trajectory)
-        if failure is None and trajectory.error:
-            record.error = trajectory.error
-    if verdict is not None:
-        record.correct = bool(verdict.correct)
-        record.scorer = verdict.scorer
-        record.reason = verdict.reason
-        record.metrics = dict(getattr(verdict, "metrics", None) or {})
-    return record
-
-
-def _fill_from_trajectory(record: AttemptRecord, trajectory: Trajectory) -> None:
-    record.answer = trajectory.answer
-    record.end_reason = trajectory.end_reason
-    record.prompt_tokens = trajectory.usage.prompt_tokens
-    record.completion_tokens = trajectory.usage.completion_tokens
-    record.steps = trajectory.num_steps
-    record.stages = len(trajectory.stages)
-    record.reconfigurations = trajectory.num_reconfigurations
-    record.trajectory_id = trajectory.id
 
 
 def _abandoned(entry: _Running, elapsed: float, timeout: float) -> tuple[AttemptRecord, str | None]:
@@ -621,6 +437,6 @@ def _abandoned(entry: _Running, elapsed: float, timeout: float) -> tuple[Attempt
             snapshot.end_reason = "abandoned"
             snapshot.answer = None
             snapshot.duration = elapsed
-            _fill_from_trajectory(record, snapshot)
+            fill_from_trajectory(record, snapshot)
             trajectory_json = snapshot.to_json()
     return record, trajectory_json

@@ -524,8 +524,8 @@ def scored_attempts(spec: str, *, limit: int, noises: tuple[float, ...] = (0.0,)
     data for tests and benchmarks without a runner folder."""
     from toolself.agent import Agent, AgentSettings
     from toolself.evals.loaders import load_tasks
-    from toolself.evals.runner import default_pool
     from toolself.evals.scorers import score
+    from toolself.tools.registry import default_pool
 
     pool = pool if pool is not None else default_pool()
     out = []

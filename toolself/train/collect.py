@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from toolself.models.spec import ModelSpec
 from toolself.trajectory import Trajectory
 
 TOOLS_FILE = "tools.json"
@@ -45,14 +46,16 @@ def collect(tasks: Sequence[str], model: Any, out: str | Path, samples: int, *, 
     the static-configuration control) into the runner folder `out`; rerunning resumes it.
     backend: where the attempts run (`local`, `ray`, a runner Backend); judge: the judge of
     free-text answers (a spec or an LLMJudge), whose verdicts label the trajectories."""
-    from toolself.evals.runner import default_pool, model_options, run_eval
+    from toolself.evals.runner import run_eval
+    from toolself.tools.registry import default_pool
     from toolself.train.data import tool_schemas
 
+    model = ModelSpec.parse(model) if isinstance(model, str) else model
     out = Path(out)
     pool = pool if pool is not None else default_pool()
     out.mkdir(parents=True, exist_ok=True)
     (out / TOOLS_FILE).write_text(json.dumps(tool_schemas(pool), indent=1) + "\n", encoding="utf-8")
-    options = model_options(model, temperature, seed, dtype) if isinstance(model, str) else {}
+    options = model.options(temperature, seed, dtype) if isinstance(model, ModelSpec) else {}
     summary = run_eval(list(tasks), [method], model, out, repeats=samples, split=split, limit=limit, seed=seed,
                        concurrency=concurrency, timeout=timeout, settings=settings, pool=pool,
                        model_options=options, progress=progress, backend=backend, judge=judge)

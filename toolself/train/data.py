@@ -62,7 +62,7 @@ def tool_schemas(pool: Any = None) -> dict[str, dict[str, Any]]:
 
 def default_tool_schemas() -> dict[str, dict[str, Any]]:
     """The schemas of the global pool the evaluation runner gives agents by default."""
-    from toolself.evals.runner import default_pool
+    from toolself.tools.registry import default_pool
 
     return tool_schemas(default_pool())
 
