@@ -35,8 +35,8 @@ from pathlib import Path
 
 
 def trajectories():
-    from toolself.evals.runner import default_pool
     from toolself.evals.teacher import scored_attempts
+    from toolself.tools.registry import default_pool
 
     pool = default_pool()
     return scored_attempts("builtin:research?hops=2", limit=6, noises=(0.0, 1.0), pool=pool), pool
@@ -102,12 +102,12 @@ def phase(name: str, steps: int, max_length: int, batch_size: int, setup: str | 
             result = train_rft(dataset, student, Path(tmp) / "out", RFTConfig(output_dir=tmp + "/ck", **common))
         else:
             from toolself.train.kto import train_kto
-            from toolself.train.kto_config import KTOConfig
+            from toolself.train.kto_config import CATKTOConfig
 
             dataset, _, _ = D.build_kto_dataset(found, renderer, max_length=max_length)
             dataset = dataset.select(range(min(len(dataset), steps * batch_size)))
             result = train_kto(dataset, student, Path(tmp) / "out",
-                               KTOConfig(output_dir=tmp + "/ck", max_length=max_length, **common))
+                               CATKTOConfig(output_dir=tmp + "/ck", max_length=max_length, **common))
         steps_logged = [r for r in map(json.loads, open(result.log)) if r.get("event") == "log" and "tokens" in r]
     lengths = [len(x) for x in dataset["input_ids"]] if name == "rft" else \
         [len(p) + len(c) for p, c in zip(dataset["prompt_ids"], dataset["completion_ids"])]

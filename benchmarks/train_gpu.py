@@ -119,8 +119,8 @@ def reset_peak() -> None:
 def datasets(model_dir: Path, tasks: list[str], limit: int, max_length: int):
     from transformers import AutoTokenizer
 
-    from toolself.evals.runner import default_pool
     from toolself.evals.teacher import scored_attempts
+    from toolself.tools.registry import default_pool
     from toolself.train import data as D
 
     pool = default_pool()
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     from toolself.train.kto import train_kto
-    from toolself.train.kto_config import KTOConfig
+    from toolself.train.kto_config import CATKTOConfig
     from toolself.train.rft import train_rft
     from toolself.train.rft_config import RFTConfig
     from toolself.train.shapes import random_model_dir
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       disable_tqdm=True, warmup_steps=0, num_train_epochs=1000)  # steps, not epochs, end a run
         compile_layers = {"auto": None, "on": True, "off": False}[args.compile_layers]
         rft_config = RFTConfig(output_dir=str(work / "rft" / "checkpoints"), compile_layers=compile_layers, **common)
-        kto_config = KTOConfig(output_dir=str(work / "kto" / "checkpoints"), **common)
+        kto_config = CATKTOConfig(output_dir=str(work / "kto" / "checkpoints"), **common)
         training_dtype = torch.bfloat16 if rft_config.bf16 else torch.float32
         peak = measured_peak_flops(training_dtype)
         n, n_adapted = parameter_counts(model_dir, lora_layers)

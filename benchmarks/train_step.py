@@ -41,9 +41,10 @@ def recipe_model():
 
     from toolself.models.half_linear import has_bfloat16_kernels
     from toolself.train.compact_head import use_compact_head
-    from toolself.train.lora import LoraArguments, load_base, resolve_model_path
+    from toolself.models.spec import ModelSpec
+    from toolself.train.lora import LoraArguments, load_base
 
-    model, _ = load_base(resolve_model_path("embedded"))
+    model, _ = load_base(ModelSpec.parse("embedded").weights())
     model = get_peft_model(model, LoraArguments(lora_layers=ADAPTED_LAYERS).peft_config(model))
     use_compact_head(model)
     model.train()

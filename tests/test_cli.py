@@ -191,13 +191,13 @@ def test_a_wall_clock_limit_is_called_timeout_in_every_command():
 def test_the_defaults_the_training_options_state_are_the_configs_own():
     import dataclasses
 
-    from toolself.train.kto_config import KTOConfig
+    from toolself.train.kto_config import CATKTOConfig
     from toolself.train.rft_config import RFTConfig
 
     fields = {"--epochs": "num_train_epochs", "--lr": "learning_rate", "--batch-size": "per_device_train_batch_size",
               "--grad-accum": "gradient_accumulation_steps", "--max-steps": "max_steps", "--lora-r": "lora_r",
               "--beta": "beta"}
-    for path, config in (("toolself train rft", RFTConfig), ("toolself train kto", KTOConfig)):
+    for path, config in (("toolself train rft", RFTConfig), ("toolself train kto", CATKTOConfig)):
         defaults = {f.name: f.default for f in dataclasses.fields(config)}
         for command, option in every_option():
             if command == path and option.opts[0] in fields:

@@ -33,8 +33,8 @@ def student():
 
 @pytest.fixture(scope="module")
 def trajectories():
-    from toolself.evals.runner import default_pool
     from toolself.evals.teacher import scored_attempts
+    from toolself.tools.registry import default_pool
 
     pool = default_pool()
     out = scored_attempts("builtin:research?hops=2", limit=6, noises=(0.0, 1.0), pool=pool)
@@ -117,7 +117,7 @@ def test_kto_on_top_of_rft_lowers_the_loss_and_separates_good_from_bad_decisions
                                                                                  renderer):
     from toolself.models.local import load_weights
     from toolself.train.kto import train_kto
-    from toolself.train.kto_config import KTOConfig
+    from toolself.train.kto_config import CATKTOConfig
 
     decisions, _, weights = D.build_kto_dataset(trajectories[0], renderer, max_length=MAX_LENGTH)
     assert weights.undesirable_weight > 1.0  # failures are the minority here and are weighted up
@@ -127,7 +127,7 @@ def test_kto_on_top_of_rft_lowers_the_loss_and_separates_good_from_bad_decisions
     bad = next(i for i in actions if not decisions[i]["label"]
                and decisions[i]["completion_ids"] != decisions[good]["completion_ids"])
     train = decisions.select([good, bad])  # one micro-batch, seen at every step
-    config = KTOConfig(output_dir=str(tmp_path / "ck"), max_steps=2, per_device_train_batch_size=2,
+    config = CATKTOConfig(output_dir=str(tmp_path / "ck"), max_steps=2, per_device_train_batch_size=2,
                        gradient_accumulation_steps=1, learning_rate=1e-3, warmup_steps=0,
                        lr_scheduler_type="constant", max_length=MAX_LENGTH, gradient_checkpointing=False,
                        disable_tqdm=True)
@@ -179,20 +179,20 @@ def test_without_a_cpp_compiler_training_stays_eager_unless_compiling_was_asked_
 
 def test_layers_compile_by_default_for_rft_on_a_cpu_and_never_for_kto(tmp_path):
     from toolself.train.compiled_layers import should_compile
-    from toolself.train.kto_config import KTOConfig
+    from toolself.train.kto_config import CATKTOConfig
     from toolself.train.rft_config import RFTConfig
 
     assert RFTConfig(output_dir=str(tmp_path)).compile_layers is None
-    assert KTOConfig(output_dir=str(tmp_path)).compile_layers is False
+    assert CATKTOConfig(output_dir=str(tmp_path)).compile_layers is False
     assert should_compile(None, on_gpu=True) == (False, "auto: off on a GPU (not measured there; pass True to try)")
     assert should_compile(False, on_gpu=False) == (False, "off")
 
 
 def test_kto_refuses_a_batch_too_small_for_its_kl_estimate():
-    from toolself.train.kto_config import KTOConfig
+    from toolself.train.kto_config import CATKTOConfig
 
     with pytest.raises(ValueError, match="at least 2|>= 2"):
-        KTOConfig(output_dir="unused", per_device_train_batch_size=1)
+        CATKTOConfig(output_dir="unused", per_device_train_batch_size=1)
 
 
 def test_single_sequence_steps_on_a_cpu_do_not_recompute_the_forward_pass_and_do_not_warn(tmp_path):

@@ -125,9 +125,9 @@ def eval_command(
     loader = CheckingLoader(Provided.of(pool, tool_options.web, tool_options.judge), tool_options.allow_missing)
     try:
         runner_backend = backend_option(backend, address, ray_cpus)
-        summary = run_eval(specs, names, model, out, concurrency=concurrency, timeout=timeout or None, grace=grace,
+        summary = run_eval(specs, names, policy, out, concurrency=concurrency, timeout=timeout or None, grace=grace,
                            limit=limit, repeats=repeats, judge=judge, freeze=tuple(freeze),
-                           config_model=config_model, split=split, seed=seed, force=force, settings=settings,
+                           config_model=writer, split=split, seed=seed, force=force, settings=settings,
                            model_options=options, backend=runner_backend, pool=pool,
                            loader=run_preset.retarget(loader) if run_preset else loader)
     except (SettingsMismatch, RunInProgress) as exc:

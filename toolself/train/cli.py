@@ -71,18 +71,6 @@ def _train_kwargs(epochs: Optional[float], lr: Optional[float], batch_size: Opti
     return out
 
 
-def _tokenizer(model: str):
-    from transformers import AutoTokenizer
-
-    from toolself.train.lora import resolve_model_path
-    from toolself.train.merge import adapter_base
-
-    path = resolve_model_path(model)
-    if (path / "adapter_config.json").is_file() and not (path / "tokenizer_config.json").is_file():
-        path = adapter_base(path)
-    return AutoTokenizer.from_pretrained(str(path))
-
-
 def _warn_truncated(build: Any, max_length: int) -> None:
     """A cut example trains on less than its attempt saw: say so, with the count, since a
     --max-length below the data's lengths can silently cut every example."""
@@ -130,35 +118,26 @@ def data(
     as_json: bool = typer.Option(False, "--json", help="Print the statistics as JSON."),
 ) -> None:
     """Build SFT (RFT) and KTO datasets from trajectories."""
-    from toolself.train import data as D
-    from toolself.train.collect import load_any
+    from toolself.train.data import RenderError, save_dataset
+    from toolself.train.steps import kto_data, load_sources, sft_data
 
     if kind not in ("sft", "kto", "both"):
         _fail("--kind must be sft, kto or both")
-    trajectories, schemas = [], None
-    for source in sources:
-        try:
-            found, found_schemas = load_any(source)
-        except (FileNotFoundError, ValueError) as exc:
-            _fail(str(exc))
-        trajectories.extend(found)
-        schemas = schemas or found_schemas
-    renderer = D.Renderer(_tokenizer(student), schemas)
+    weights = _weights(student)
+    try:
+        trajectories, schemas = load_sources(sources)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
     report: dict[str, Any] = {}
     try:
-        if kind in ("sft", "both"):
-            dataset, build = D.build_sft_dataset(trajectories, renderer, max_length)
-            _warn_truncated(build, max_length)
-            report["sft"] = D.sft_stats(dataset, build)
-            if out:
-                D.save_dataset(dataset, out / "sft", report["sft"])
-        if kind in ("kto", "both"):
-            dataset, build, weights = D.build_kto_dataset(trajectories, renderer, max_length)
-            _warn_truncated(build, max_length)
-            report["kto"] = D.kto_stats(dataset, build, weights)
-            if out:
-                D.save_dataset(dataset, out / "kto", report["kto"])
-    except D.RenderError as exc:
+        for name, build in (("sft", sft_data), ("kto", kto_data)):
+            if kind in (name, "both"):
+                built = build(trajectories, schemas, weights, max_length)
+                _warn_truncated(built.build, max_length)
+                report[name] = built.info
+                if out:
+                    save_dataset(built.dataset, out / name, built.info)
+    except RenderError as exc:
         _fail(str(exc))
     if as_json:
         print(json.dumps(report, indent=2))
@@ -169,13 +148,25 @@ def data(
         console.print(f"datasets written to {out}")
 
 
-def _collect_or_reuse(tasks: list[str], model: str, run_dir: Path, samples: int, limit: Optional[int],
-                      temperature: float, seed: int, concurrency: int, timeout: float,
-                      agent: dict[str, Any], backend: Any = "local") -> None:
-    from toolself.train.collect import collect
+def _weights(spec: str) -> Path:
+    """The directory a student or policy given on the command line trains from."""
+    from toolself.models.spec import ModelSpec
 
-    result = collect(tasks, model, run_dir, samples, limit=limit, temperature=temperature, seed=seed,
-                     concurrency=concurrency, timeout=timeout, settings=agent, backend=backend)
+    try:
+        return ModelSpec.parse(spec, directories=True).weights()
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+
+
+def _collect(model: str, run_dir: Path, collection: Any, backend: Any) -> None:
+    from toolself.models.spec import ModelSpec
+    from toolself.train.steps import collect_attempts
+
+    try:
+        spec = ModelSpec.parse(model, directories=True)
+    except ValueError as exc:
+        _fail(str(exc))
+    result = collect_attempts(spec, run_dir, collection, backend=backend)
     console.print(f"collected {result.attempts} attempts ({result.correct} correct, {result.errors} errors) "
                   f"in {run_dir}")
 
@@ -189,13 +180,19 @@ def _backend(backend: str, address: Optional[str], ray_cpus: float) -> Any:
         _fail(str(exc))
 
 
-def _agent_budgets(student: str, context_budget: Optional[int]) -> dict[str, Any]:
-    from toolself.cli import model_defaults
+def _collection(tasks: list[str], student: str, samples: int, limit: Optional[int], temperature: float,
+                seed: int, concurrency: int, timeout: float, context_budget: Optional[int]) -> Any:
+    """How `train rft` and `train kto` collect: under the budgets of the model being trained."""
+    from toolself.models.spec import ModelSpec
+    from toolself.train.steps import Collection, agent_budgets
 
-    spec = student if student == "embedded" or student.startswith("local:") else f"local:{student}"
-    d = model_defaults(spec)
-    return {"context_budget": context_budget or d.context_budget, "config_max_text": d.config_max_text,
-            "max_tokens_per_call": d.max_tokens_per_call}
+    try:
+        budgets = agent_budgets(ModelSpec.parse(student, directories=True),
+                                {"context_budget": context_budget} if context_budget else None)
+    except ValueError as exc:
+        _fail(str(exc))
+    return Collection(tasks=tasks, samples=samples, limit=limit, temperature=temperature, seed=seed,
+                      concurrency=concurrency, timeout=timeout, agent=budgets)
 
 
 @train_app.command()
@@ -226,8 +223,8 @@ def rft(
     full_finetune: bool = typer.Option(False, help="Train all weights instead of a LoRA adapter."),
     compile_layers: Optional[bool] = typer.Option(
         None, "--compile-layers/--eager-layers",
-        help="Compile the decoder layers with torch.compile (~1.3x faster steps after ~35 s of compiling). "
-             "Default: on for a CPU with a C++ compiler."),
+        help="Compile the decoder layers with torch.compile (faster steps after a compile of tens of "
+             "seconds; docs/notes/2026-12-03-compiled-decoder-layers.md). Default: on for a CPU with a C++ compiler."),
     resume: bool = typer.Option(True, help="Rerunning the command resumes: the collection keeps its finished "
                                            "attempts, training its last checkpoint in OUT/checkpoints."),
     backend: str = typer.Option("local", help="Where collection attempts run: local | ray."),
@@ -235,50 +232,38 @@ def rft(
     ray_cpus: float = typer.Option(1.0, min=0.01, help="Ray CPUs each attempt holds."),
 ) -> None:
     """Stage I: K teacher attempts per task, keep the successful ones, fine-tune the student."""
-    from toolself.train import data as D
-    from toolself.train.collect import load_any
-    from toolself.train.lora import resolve_model_path
-    from toolself.train.plots import plot_log
-    from toolself.train.rft import train_rft
+    from toolself.train.data import save_dataset
     from toolself.train.rft_config import RFTConfig
+    from toolself.train.steps import load_sources, sft_data, train_rft_step
 
     specs = _split(tasks)
     if not specs and not trajectories:
         _fail("give --tasks to collect, or --trajectories")
-    try:
-        student_path = resolve_model_path(student)
-    except FileNotFoundError as exc:
-        _fail(str(exc))
+    student_path = _weights(student)
     if specs and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         _fail("under accelerate launch, collect first in a single process (`toolself eval ... --split train "
               "--repeats K`, see docs/training.md) and pass the folder with --trajectories")
     sources = list(trajectories)
     if specs:
         run_dir = out / "collect"
-        _collect_or_reuse(specs, teacher, run_dir, samples, limit, temperature, seed, concurrency, timeout,
-                          _agent_budgets(student, context_budget), _backend(backend, address, ray_cpus))
+        _collect(teacher, run_dir, _collection(specs, student, samples, limit, temperature, seed, concurrency,
+                                               timeout, context_budget), _backend(backend, address, ray_cpus))
         sources.append(run_dir)
-    found, schemas = [], None
-    for s in sources:
-        t, sch = load_any(s)
-        found.extend(t)
-        schemas = schemas or sch
-    renderer = D.Renderer(_tokenizer(student), schemas)
-    dataset, build = D.build_sft_dataset(found, renderer, max_length)
+    found, schemas = load_sources(sources)
+    built = sft_data(found, schemas, student_path, max_length)
+    dataset, build = built.dataset, built.build
     _warn_truncated(build, max_length)
-    info = D.sft_stats(dataset, build)
     if _main_process():
-        D.save_dataset(dataset, out / "data", info)
-    _print_stats(f"RFT data: {build.trajectories} successful of {len(found)} attempts", info)
+        save_dataset(dataset, out / "data", built.info)
+    _print_stats(f"RFT data: {build.trajectories} successful of {len(found)} attempts", built.info)
     if len(dataset) == 0:
         _fail("no successful trajectory: nothing to fine-tune on")
     config = RFTConfig(output_dir=str(out / "checkpoints"), max_length=max_length, seed=seed,
                        **_train_kwargs(epochs, lr, batch_size, grad_accum, max_steps, lora_r, full_finetune,
                                        compile_layers))
-    result = train_rft(dataset, student_path, out, config, resume=resume)
+    result, png = train_rft_step(dataset, student_path, out, config, resume=resume)
     if not _main_process():
         return
-    png = plot_log(result.log, out / "curves.png", "RFT")
     console.print(f"RFT done: {result.steps} steps, loss {result.train_loss:.4f}, {result.tokens_per_second} tokens/s")
     console.print(f"model: --model local:{out}   log: {result.log}   curves: {png}")
 
@@ -317,11 +302,9 @@ def kto(
     ray_cpus: float = typer.Option(1.0, min=0.01, help="Ray CPUs each attempt holds."),
 ) -> None:
     """Stage II: on-policy attempts labelled by outcome; every decision gets its attempt's label."""
-    from toolself.train import data as D
-    from toolself.train.collect import load_any
-    from toolself.train.kto import train_kto
-    from toolself.train.kto_config import KTOConfig
-    from toolself.train.plots import plot_log
+    from toolself.train.data import save_dataset
+    from toolself.train.kto_config import CATKTOConfig
+    from toolself.train.steps import kto_data, load_sources, train_kto_step
 
     specs = _split(tasks)
     if not specs and not trajectories:
@@ -334,32 +317,27 @@ def kto(
     sources = list(trajectories)
     if specs:
         run_dir = out / "collect"
-        _collect_or_reuse(specs, f"local:{policy}", run_dir, samples, limit, temperature, seed, concurrency, timeout,
-                          _agent_budgets(f"local:{policy}", context_budget), _backend(backend, address, ray_cpus))
+        _collect(f"local:{policy}", run_dir, _collection(specs, f"local:{policy}", samples, limit, temperature,
+                                                         seed, concurrency, timeout, context_budget),
+                 _backend(backend, address, ray_cpus))
         sources.append(run_dir)
-    found, schemas = [], None
-    for s in sources:
-        t, sch = load_any(s)
-        found.extend(t)
-        schemas = schemas or sch
-    renderer = D.Renderer(_tokenizer(str(policy)), schemas)
-    dataset, build, weights = D.build_kto_dataset(found, renderer, max_length)
+    found, schemas = load_sources(sources)
+    built = kto_data(found, schemas, policy, max_length)
+    dataset, build = built.dataset, built.build
     _warn_truncated(build, max_length)
-    info = D.kto_stats(dataset, build, weights)
     if _main_process():
-        D.save_dataset(dataset, out / "data", info)
-    _print_stats(f"KTO data from {build.trajectories} attempts", info)
+        save_dataset(dataset, out / "data", built.info)
+    _print_stats(f"KTO data from {build.trajectories} attempts", built.info)
     kwargs = _train_kwargs(epochs, lr, batch_size, grad_accum, max_steps, lora_r, full_finetune)
     if beta is not None:
         kwargs["beta"] = beta
     try:
-        config = KTOConfig(output_dir=str(out / "checkpoints"), max_length=max_length, seed=seed, **kwargs)
+        config = CATKTOConfig(output_dir=str(out / "checkpoints"), max_length=max_length, seed=seed, **kwargs)
     except ValueError as exc:
         _fail(str(exc))
-    result = train_kto(dataset, policy, out, config, resume=resume)
+    result, png = train_kto_step(dataset, policy, out, config, resume=resume)
     if not _main_process():
         return
-    png = plot_log(result.log, out / "curves.png", "KTO")
     console.print(f"KTO done: {result.steps} steps, loss {result.train_loss:.4f}, {result.tokens_per_second} tokens/s, "
                   f"weights {result.extra['weights']}")
     console.print(f"model: --model local:{out}   log: {result.log}   curves: {png}")

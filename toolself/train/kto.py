@@ -15,7 +15,7 @@ from pathlib import Path
 from trl import KTOTrainer
 
 from toolself.train.data import kto_weights
-from toolself.train.kto_config import KTOConfig
+from toolself.train.kto_config import CATKTOConfig
 from toolself.train.rft import TrainResult, run_trainer
 
 logger = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ class PretokenizedKTOTrainer(KTOTrainer):
         return dataset
 
 
-def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: KTOConfig | None = None,
+def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: CATKTOConfig | None = None,
               log_path: str | Path | None = None, resume: bool = False) -> TrainResult:
     """Train a KTO adapter on top of `policy_path` (the RFT adapter or a full model) with
     `dataset` (prompt_ids / completion_ids / label), saved in `out_dir` with the merged
@@ -52,7 +52,7 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: KTO
     if len(dataset) < 2:
         raise ValueError("the KTO dataset needs at least two decisions")
     out_dir = Path(out_dir)
-    config = config or KTOConfig(output_dir=str(out_dir / "checkpoints"))
+    config = config or CATKTOConfig(output_dir=str(out_dir / "checkpoints"))
     if config.output_dir is None:
         config.output_dir = str(out_dir / "checkpoints")
     desirable = sum(bool(x) for x in dataset["label"])

@@ -75,6 +75,3 @@ class CATKTOConfig(_TRLKTOConfig, LoraArguments, KernelArguments):
             raise ValueError("KTO needs per_device_train_batch_size >= 2 for its KL estimate")
         accelerator_defaults(self)
         super().__post_init__()
-
-
-KTOConfig = CATKTOConfig

@@ -60,9 +60,9 @@ class LoraArguments:
     compile_layers: bool | None = field(
         default=None,
         metadata={"help": "Compile each decoder layer with torch.compile (inductor), which fuses the element-wise "
-                          "work between the matrix products: 1.31x faster RFT steps on a 2-core CPU, after "
-                          "~35 s of compiling in the first step. Default (None): on when training on a CPU with a "
-                          "C++ compiler, off on GPUs and without a compiler."},
+                          "work between the matrix products; the first step pays for compiling "
+                          "(docs/notes/2026-12-03-compiled-decoder-layers.md). Default (None): on when training on "
+                          "a CPU with a C++ compiler, off on GPUs and without a compiler."},
     )
 
     def peft_config(self, model: Any = None):
@@ -102,9 +102,9 @@ def accelerator_defaults(config: Any) -> None:
     with AVX512-BF16 / AMX (2x the fp32 throughput of the 135M model's training there); fp32
     elsewhere. Gradient checkpointing stays on (TRL's default) except for single-sequence
     micro-batches on a CPU: there a padded batch's attention takes the math path and keeps a
-    (heads x length x length) matrix per layer (~19 GB for two 2k-token sequences), while a lone
-    unpadded sequence takes the memory-efficient path and recomputing the forward pass would
-    cost a third of the step for nothing."""
+    (heads x length x length) matrix per layer, while a lone unpadded sequence takes the
+    memory-efficient path and recomputing the forward pass would cost a third of the step for
+    nothing (docs/notes/2026-12-03-kto-without-recomputation.md)."""
     import torch
 
     from toolself.models.half_linear import has_bfloat16_kernels
@@ -139,17 +139,3 @@ def load_base(path: str | Path):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
-
-
-def resolve_model_path(spec: str) -> Path:
-    """A student / policy given as `embedded`, `local:DIR` or a plain directory."""
-    if spec in ("embedded", "default"):
-        from toolself.models.local import default_model_dir
-
-        return default_model_dir()
-    if spec.startswith("local:"):
-        spec = spec.split(":", 1)[1]
-    path = Path(spec).expanduser()
-    if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
-        raise FileNotFoundError(f"{path} is neither a transformers model directory nor a LoRA adapter directory")
-    return path.resolve()

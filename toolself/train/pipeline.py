@@ -28,6 +28,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from toolself.models.spec import ModelSpec
+from toolself.train.data import load_dataset_dir, save_dataset
+from toolself.train.steps import (
+    Collection,
+    agent_budgets,
+    collect_attempts,
+    kto_data,
+    load_sources,
+    sft_data,
+    train_kto_step,
+    train_rft_step,
+)
+
 STEPS = ("collect_teacher", "data_sft", "rft", "collect_policy", "data_kto", "kto", "evaluate")
 STATE_FILE = "state.json"
 EVALUATED = ("student", "rft", "kto")
@@ -63,11 +76,21 @@ class CATSettings:
     def __post_init__(self) -> None:
         from toolself.variants import settings_for
 
-        settings_for(self.method)  # an unknown method fails here, before any work
+        settings_for(self.method)  # an unknown method or student fails here, before any work
+        self.student_model()
         self.evaluate = tuple(self.evaluate)
         unknown = set(self.evaluate) - set(EVALUATED)
         if unknown:
             raise ValueError(f"unknown models to evaluate {sorted(unknown)}; choose from {list(EVALUATED)}")
+
+    def student_model(self) -> ModelSpec:
+        """The untrained student (`default` is the embedded model; a bare directory is local)."""
+        return ModelSpec.parse(self.student, directories=True)
+
+    def collection(self, samples: int, limit: int | None) -> Collection:
+        return Collection(tasks=self.tasks, samples=samples, method=self.method, limit=limit,
+                          temperature=self.temperature, seed=self.seed, concurrency=self.concurrency,
+                          timeout=self.timeout, dtype=self.dtype, agent=agent_overrides(self))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -111,25 +134,13 @@ class State:
 
 
 def agent_overrides(settings: CATSettings) -> dict[str, Any]:
-    """Budgets for every collection and evaluation: the student's (a teacher's trajectories are
-    shaped by the same context budget the student will work under), then the user's."""
-    from toolself.cli import model_defaults
-
-    spec = settings.student if settings.student in ("embedded", "default") or settings.student.startswith("local:") \
-        else f"local:{settings.student}"
-    d = model_defaults(spec)
-    base = {"context_budget": d.context_budget, "config_max_text": d.config_max_text,
-            "max_tokens_per_call": d.max_tokens_per_call}
-    return {**base, **settings.agent}
+    """The student's budgets, then the user's (see `steps.agent_budgets`)."""
+    return agent_budgets(settings.student_model(), settings.agent)
 
 
 def student_spec(settings: CATSettings) -> str:
     """The model spec that loads the untrained student."""
-    from toolself.train.lora import resolve_model_path
-
-    if settings.student in ("embedded", "default"):
-        return "embedded"
-    return f"local:{resolve_model_path(settings.student)}"
+    return settings.student_model().text
 
 
 def tool_options(settings: CATSettings, out: Path) -> Any:
@@ -196,58 +207,35 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
 def run_step(settings: CATSettings, out: Path, step: str, echo: Callable[[str], None] = print,
              backend: Any = "local") -> dict[str, Any]:
     """One step's work on what the steps before it left in `out`; returns its result."""
-    from toolself.train import data as D
-    from toolself.train.collect import collect, load_any
-    from toolself.train.kto import train_kto
-    from toolself.train.kto_config import KTOConfig
-    from toolself.train.lora import resolve_model_path
-    from toolself.train.plots import plot_log
-    from toolself.train.rft import train_rft
+    from toolself.train.kto_config import CATKTOConfig
     from toolself.train.rft_config import RFTConfig
 
     state = State(out)
-    student = resolve_model_path(settings.student)
+    student = settings.student_model().weights()
     rft_dir, kto_dir = out / "rft", out / "kto"
 
-    def renderer():
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(student))
-
     def collect_train(model: str, folder: str, samples: int, limit: int | None) -> dict[str, Any]:
-        options = tool_options(settings, out)
-        pool = options.pool() if options else None
-        try:
-            return collect(settings.tasks, model, out / "collect" / folder, samples, method=settings.method,
-                           split="train", limit=limit, temperature=settings.temperature, seed=settings.seed,
-                           concurrency=settings.concurrency, timeout=settings.timeout,
-                           settings=agent_overrides(settings), backend=backend, dtype=settings.dtype, pool=pool,
-                           judge=options.judge if options else None).to_dict()
-        finally:
-            if pool is not None:
-                pool.close()
+        return collect_attempts(ModelSpec.parse(model), out / "collect" / folder, settings.collection(samples, limit),
+                                backend=backend, tools=tool_options(settings, out)).to_dict()
 
     def step_collect_teacher() -> dict[str, Any]:
         return collect_train(settings.teacher, "teacher", settings.teacher_samples, settings.limit)
 
     def step_data_sft() -> dict[str, Any]:
-        trajectories, schemas = load_any(out / "collect" / "teacher", settings.method)
-        r = D.Renderer(renderer(), schemas)
-        dataset, stats = D.build_sft_dataset(trajectories, r, settings.max_length)
+        trajectories, schemas = load_sources([out / "collect" / "teacher"], settings.method)
+        built = sft_data(trajectories, schemas, student, settings.max_length)
+        dataset, stats = built.dataset, built.build
         if len(dataset) == 0:
             raise EmptyData(f"none of the teacher's {len(trajectories)} attempts succeeded: nothing to fine-tune "
                             "on (more samples, looser budgets or a stronger teacher); rerun to retry this step")
-        info = D.sft_stats(dataset, stats)
-        D.save_dataset(dataset, out / "data" / "sft", info)
+        save_dataset(dataset, out / "data" / "sft", built.info)
         return {"examples": len(dataset), "trajectories": stats.trajectories,
                 "rejected_trajectories": stats.skipped_trajectories, "truncated": stats.truncated}
 
     def step_rft() -> dict[str, Any]:
-        dataset = D.load_dataset_dir(out / "data" / "sft")
         config = RFTConfig(output_dir=str(rft_dir / "checkpoints"), max_length=settings.max_length,
                            seed=settings.seed, **settings.rft)
-        result = train_rft(dataset, student, rft_dir, config, resume=True)  # from a checkpoint, if any
-        plot_log(result.log, rft_dir / "curves.png", "RFT")
+        result, _ = train_rft_step(load_dataset_dir(out / "data" / "sft"), student, rft_dir, config)
         return result.to_dict()
 
     def step_collect_policy() -> dict[str, Any]:
@@ -255,14 +243,13 @@ def run_step(settings: CATSettings, out: Path, step: str, echo: Callable[[str], 
         return collect_train(f"local:{rft_dir}", "policy", settings.policy_samples, limit)
 
     def step_data_kto() -> dict[str, Any]:
-        trajectories, schemas = load_any(out / "collect" / "policy", settings.method)
-        r = D.Renderer(renderer(), schemas)
-        dataset, stats, weights = D.build_kto_dataset(trajectories, r, settings.max_length)
+        trajectories, schemas = load_sources([out / "collect" / "policy"], settings.method)
+        built = kto_data(trajectories, schemas, student, settings.max_length)
+        dataset, stats, weights = built.dataset, built.build, built.weights
         if len(dataset) < 2:
             raise EmptyData(f"the policy's {len(trajectories)} scored attempts hold {len(dataset)} decisions: "
                             "KTO needs at least 2")
-        info = D.kto_stats(dataset, stats, weights)
-        D.save_dataset(dataset, out / "data" / "kto", info)
+        save_dataset(dataset, out / "data" / "kto", built.info)
         for note in stats.notes:
             echo(f"note: {note}")
         found = {"examples": len(dataset), "trajectories": stats.trajectories, "weights": weights.to_dict(),
@@ -283,11 +270,9 @@ def run_step(settings: CATSettings, out: Path, step: str, echo: Callable[[str], 
             shutil.rmtree(kto_dir, ignore_errors=True)
             shutil.copytree(rft_dir, kto_dir, ignore=shutil.ignore_patterns("checkpoints"))
             return {"skipped": kto_skipped(), "copied_from": str(rft_dir)}
-        dataset = D.load_dataset_dir(out / "data" / "kto")
-        config = KTOConfig(output_dir=str(kto_dir / "checkpoints"), max_length=settings.max_length,
-                           seed=settings.seed, **settings.kto)
-        result = train_kto(dataset, rft_dir, kto_dir, config, resume=True)
-        plot_log(result.log, kto_dir / "curves.png", "KTO")
+        config = CATKTOConfig(output_dir=str(kto_dir / "checkpoints"), max_length=settings.max_length,
+                              seed=settings.seed, **settings.kto)
+        result, _ = train_kto_step(load_dataset_dir(out / "data" / "kto"), rft_dir, kto_dir, config)
         return result.to_dict()
 
     def step_evaluate() -> dict[str, Any]:
@@ -317,11 +302,10 @@ class StepDied(RuntimeError):
 
 def isolated(function: Callable[..., Any], *args: Any) -> Any:
     """`function(*args)` in a fresh process, so that what it allocates goes back to the system
-    when it ends. Run in one process, the demo study (trainers, frozen-layer caches and inference
-    engines, one after another) grew to 24 GB, the machine's whole memory, in its eleventh step
-    and was killed; the evaluation before the kill ran a hundred times slower while the system
-    paged. `function` and `args` must pickle; the child prints its own progress, and its
-    exception, if any, is raised here."""
+    when it ends: trainers, frozen-layer caches and inference engines run one after another
+    would otherwise pile up in one process until the machine pages or kills it
+    (docs/notes/2026-12-03-one-process-per-pipeline-step.md). `function` and `args` must
+    pickle; the child prints its own progress, and its exception, if any, is raised here."""
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")  # a fork would inherit the parent's threads and heap

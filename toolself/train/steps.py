@@ -1,0 +1,123 @@
+"""The steps of CAT, written once: collect attempts, render them into a dataset, train on it
+and draw the curves. `train rft`, `train kto`, `train cat` (the pipeline) and `train study`
+(pipelines side by side) are these steps in different orders, with different bookkeeping
+around them; the steps know nothing of folders' state files or of the command line.
+
+Heavy imports (transformers, trl, torch) stay inside the functions that need them: importing
+this module must not slow down the command line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from toolself.models.spec import ModelSpec
+from toolself.train import data as D
+from toolself.train.collect import CollectResult, collect, load_any
+
+
+@dataclass(frozen=True)
+class Collection:
+    """How attempts are collected for training (the teacher's for RFT, the policy's for KTO)."""
+
+    tasks: Sequence[str]
+    samples: int
+    method: str = "toolself"
+    limit: int | None = None
+    temperature: float = 0.7
+    seed: int = 0
+    concurrency: int = 4
+    timeout: float | None = 600.0
+    dtype: str = "auto"
+    agent: dict[str, Any] | None = None  # AgentSettings overrides: the student's budgets, then the user's
+
+
+def agent_budgets(student: ModelSpec, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Budgets for every collection and evaluation of a training run: the student's (a
+    teacher's trajectories are shaped by the same context budget the student will work
+    under), then the user's."""
+    defaults = student.defaults
+    return {**(defaults.settings() if defaults else {}), **(overrides or {})}
+
+
+def collect_attempts(model: ModelSpec, out: Path, collection: Collection, *, backend: Any = "local",
+                     tools: Any = None) -> CollectResult:
+    """`collection.samples` scored attempts per task by `model` into the runner folder `out`
+    (resumable); `tools`: the run's `ToolOptions` (pool and judge), None for the defaults."""
+    pool = tools.pool() if tools is not None else None
+    try:
+        return collect(list(collection.tasks), model, out, collection.samples, method=collection.method,
+                       split="train", limit=collection.limit, temperature=collection.temperature,
+                       seed=collection.seed, concurrency=collection.concurrency, timeout=collection.timeout,
+                       settings=collection.agent, backend=backend, dtype=collection.dtype, pool=pool,
+                       judge=tools.judge if tools is not None else None)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def load_sources(sources: Sequence[str | Path], method: str = "toolself") -> tuple[list[Any], dict[str, Any] | None]:
+    """The labelled trajectories of runner folders and JSONL files, with the first tool schemas
+    saved beside them (a trajectory records tool names only)."""
+    found: list[Any] = []
+    schemas = None
+    for source in sources:
+        trajectories, saved = load_any(source, method)
+        found.extend(trajectories)
+        schemas = schemas or saved
+    return found, schemas
+
+
+def tokenizer(weights: Path) -> Any:
+    """The tokenizer whose chat template renders the data: the model's, or for an adapter saved
+    without one, its base model's."""
+    from transformers import AutoTokenizer
+
+    from toolself.train.merge import adapter_base
+
+    if (weights / "adapter_config.json").is_file() and not (weights / "tokenizer_config.json").is_file():
+        weights = adapter_base(weights)
+    return AutoTokenizer.from_pretrained(str(weights))
+
+
+@dataclass
+class Built:
+    """A dataset rendered from trajectories, with what building it counted."""
+
+    dataset: Any
+    build: Any  # data.BuildStats
+    info: dict[str, Any]  # data.sft_stats / data.kto_stats
+    weights: Any = None  # data.KTOWeights, for KTO data
+
+
+def sft_data(trajectories: list[Any], schemas: dict[str, Any] | None, weights: Path, max_length: int) -> Built:
+    """RFT's examples: the successful trajectories, rendered with the student's template."""
+    dataset, build = D.build_sft_dataset(trajectories, D.Renderer(tokenizer(weights), schemas), max_length)
+    return Built(dataset, build, D.sft_stats(dataset, build))
+
+
+def kto_data(trajectories: list[Any], schemas: dict[str, Any] | None, weights: Path, max_length: int) -> Built:
+    """KTO's examples: every decision of a scored attempt, labelled by the attempt's outcome."""
+    dataset, build, kto_weights = D.build_kto_dataset(trajectories, D.Renderer(tokenizer(weights), schemas),
+                                                      max_length)
+    return Built(dataset, build, D.kto_stats(dataset, build, kto_weights), kto_weights)
+
+
+def train_rft_step(dataset: Any, base: Path, out: Path, config: Any, resume: bool = True) -> tuple[Any, Path | None]:
+    """Fine-tune `base` on RFT data into `out`; returns the result and the curves' PNG."""
+    from toolself.train.plots import plot_log
+    from toolself.train.rft import train_rft
+
+    result = train_rft(dataset, base, out, config, resume=resume)
+    return result, plot_log(result.log, out / "curves.png", "RFT")
+
+
+def train_kto_step(dataset: Any, policy: Path, out: Path, config: Any, resume: bool = True) -> tuple[Any, Path | None]:
+    """KTO on top of `policy` into `out`; returns the result and the curves' PNG."""
+    from toolself.train.kto import train_kto
+    from toolself.train.plots import plot_log
+
+    result = train_kto(dataset, policy, out, config, resume=resume)
+    return result, plot_log(result.log, out / "curves.png", "KTO")
