@@ -4,9 +4,9 @@ TRL's trainers ask the model for per-token log-probabilities through a fused hea
 (`model(..., labels=labels, fused_lm_head=True)`). With Triton it projects only the positions
 whose label counts; without it (CPUs) it projects *every* position onto the vocabulary, in
 tiles, so that tile shapes never change. Our sequences are mostly prompt: ~85% of an RFT
-sequence and ~95% of a KTO decision carry no label, and on a 2-core CPU the tiled head over a
-49k-token vocabulary was 35% of an RFT step and 40% of a KTO step. This head gathers the
-labelled hidden states first and projects those alone; it returns the same
+sequence and ~95% of a KTO decision carry no label, so on a CPU the tiled head over the whole
+vocabulary is a large share of a step (docs/notes/2026-12-02-training-faster-on-a-cpu.md).
+This head gathers the labelled hidden states first and projects those alone; it returns the same
 `FusedCausalLMOutput` fields the trainers read (log-probabilities, entropy, top-1 hits, mean
 logits), zero on unlabelled positions.
 """

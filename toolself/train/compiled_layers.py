@@ -2,14 +2,14 @@
 
 An eager CPU training step of the 135M model spends about a third of its time outside the
 matrix products and attention: RMS norms, rotary embeddings, SiLU, residual adds and bf16 casts,
-each a separate pass over memory. Inductor fuses them into C++ kernels, which made the CAT
-recipe's RFT steps 1.31x faster after the first (`benchmarks/train.py`, docs/benchmarks.md).
+each a separate pass over memory. Inductor fuses them into C++ kernels (what that buys:
+docs/notes/2026-12-03-compiled-decoder-layers.md).
 
 Each layer's forward is compiled on its own, not the whole model: the trainer's code around the
 layers (the compact head, the frozen-layer cache, TRL's losses, PEFT's adapter switch for KTO's
 reference) stays eager and free to branch, and with dynamic shapes one compilation serves every
-sequence length. The first step pays for compiling (~35 s on 2 cores, kept on disk for later
-runs); later steps and lengths compile nothing new.
+sequence length. The first step pays for compiling (kept on disk for later runs); later steps
+and lengths compile nothing new.
 """
 
 from __future__ import annotations

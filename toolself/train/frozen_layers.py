@@ -3,8 +3,8 @@
 With `lora_layers=N` only the top N decoder layers carry adapters. The layers below them have
 no trainable weight and no dropout, so for a given sequence their output is the same in every
 epoch, and the same for the policy and for KTO's reference (the adapter-disabled model). On a
-2-core CPU their forward pass is most of a training step once the backward pass stops at the
-adapters (18 of 30 layers: ~35% of a 1.5k-token step), and RFT makes two passes over its data.
+CPU their forward pass is a large part of a training step once the backward pass stops at the
+adapters (docs/notes/2026-12-03-frozen-layer-cache.md), and RFT makes two passes over its data.
 
 `cache_frozen_layers(model)` keys each batch by its token ids (and attention mask), keeps the
 bottom block's output the first time, and from then on returns it without running those

@@ -1,9 +1,7 @@
 """What a training run computes with on its device: the attention kernel, padding-free batches,
 Liger's fused layers and the micro-batch size, each chosen once, with the reason recorded.
 
-The first H200 run, with none of these, reached ~16% of the GPU's peak where LoRA fine-tuning
-usually reaches 40-60% with them (issue 30; not yet measured here). Padded batches of
-trajectory sequences of very different lengths spend much of a step on padding; the
+Padded batches of trajectory sequences of very different lengths spend much of a step on padding; the
 varlen flash-attention kernel computes each sequence of a flattened (padding-free) batch
 alone. Without flash-attention, a flattened batch would make SDPA attend over a block-diagonal
 mask of the whole row (quadratic in the row's length, not in each sequence's), so padding-free

@@ -223,8 +223,9 @@ EVAL_SUITES = TRAIN_SUITES + ["builtin:mixed"]
 
 
 def _recipe() -> dict[str, Any]:
-    """The CAT settings of both presets; the experiments that chose them are in
-    docs/results/cat-cpu.md."""
+    """The CAT settings of both presets: the smallest scale that learned anything on validation
+    tasks (docs/notes/2026-12-03-x5-108-trajectories-two-epochs.md,
+    docs/notes/2026-12-03-x8-two-thirds-of-the-data.md)."""
     return {
         "teacher": "expert", "teacher_samples": 1, "limit": 36,
         "policy_samples": 2, "policy_limit": 3, "temperature": 0.7,
@@ -232,17 +233,15 @@ def _recipe() -> dict[str, Any]:
         "agent": {"context_budget": 2000, "config_max_text": 600, "max_stages": 3, "max_steps_per_stage": 6},
         "rft": {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4, "num_train_epochs": 2,
                 "learning_rate": 1e-3, "lora_layers": 12},
-        # KTO's micro-batches of two padded decisions would recompute the forward pass by default; with
-        # adapters on 12 layers the longest decisions peak at 6 GB without it, at 1.4-1.9x the speed.
+        # without recomputing the forward pass: docs/notes/2026-12-03-kto-without-recomputation.md
         "kto": {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "max_steps": 6,
                 "learning_rate": 1e-4, "lora_layers": 12, "activation_checkpointing": False},
     }
 
 
 def demo_preset() -> StudySettings:
-    """One seed (`make cat-demo`), at the smallest scale that learned anything on validation
-    tasks: 76.5 minutes from a fresh clone on 2 CPU cores with RFT's layers compiled, 95-110
-    without (docs/results/cat-cpu.md)."""
+    """One seed (`make cat-demo`); how long it takes: docs/results/cat-cpu.md and
+    docs/notes/2026-12-04-cat-demo-from-a-fresh-clone.md."""
     return StudySettings(TRAIN_SUITES, EVAL_SUITES, seeds=[0], cat=_recipe())
 
 
