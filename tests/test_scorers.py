@@ -13,7 +13,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from http_fixtures import running_server
-from toolself.evals.scorers import LLMJudge, Score, judge_prompt, parse_verdict, score
+from toolself.evals.judge import LLMJudge, Score, judge_prompt, parse_verdict
+from toolself.evals.scorers import score
 from toolself.evals.task import Task
 from toolself.models.openai_compat import OpenAIModel
 

@@ -18,6 +18,9 @@ from typing import Annotated, Any, Callable, get_type_hints
 
 import pydantic
 
+from toolself.tools.errors import ToolArgumentError, ToolError
+from toolself.tools.workspace import make_workspace, open_directory, remove_workspace
+
 
 Verbatim = Annotated[str, pydantic.Field(json_schema_extra={"contentMediaType": "text/plain"})]
 """A string argument used exactly as written: code, a shell command, an excerpt of a file. Its
@@ -55,8 +58,6 @@ class ToolContext:
     @classmethod
     def temporary(cls, collection: Any = None, model: Any = None) -> "ToolContext":
         """A context with a fresh workspace of its own (`make_workspace`), deleted at `close()`."""
-        from toolself.tools.workspace import make_workspace
-
         return cls(workspace=make_workspace(), collection=collection, model=model, _owns_workspace=True)
 
     @property
@@ -66,8 +67,6 @@ class ToolContext:
         if the folder did not exist yet), so that renaming the folder and putting a link in its
         place later moves nothing the host touches."""
         if self._root_fd is None:
-            from toolself.tools.workspace import open_directory
-
             self._root_fd = open_directory(self.workspace)
         return self._root_fd
 
@@ -92,8 +91,6 @@ class ToolContext:
         self.resources.clear()
         self._close_root()
         if self._owns_workspace:
-            from toolself.tools.workspace import remove_workspace
-
             remove_workspace(self.workspace)
 
     def _close_root(self) -> None:
@@ -254,14 +251,6 @@ class Tool:
 
     def __repr__(self) -> str:
         return f"Tool({self.name!r})"
-
-
-class ToolError(Exception):
-    """Raised by a tool to report a failure the model should see verbatim."""
-
-
-class ToolArgumentError(ToolError):
-    pass
 
 
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None):

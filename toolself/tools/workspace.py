@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
-from toolself.tools.base import ToolError
+from toolself.tools.errors import ToolError
 
 PARENT_MODE = 0o711
 MAX_LINKS = 40

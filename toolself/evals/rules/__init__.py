@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Callable
 
 from toolself.evals.rules import gaia, gsm8k, hotpotqa, judged, paper
-from toolself.evals.scorers import LLMJudge, Score
+from toolself.evals.judge import LLMJudge, Score
 from toolself.evals.task import Task
 
 

@@ -21,7 +21,7 @@ from importlib import resources
 
 from toolself.evals.rules.hotpotqa import normalize_answer
 from toolself.evals.rules.judged import JudgeProtocol, is_blank
-from toolself.evals.scorers import LLMJudge, Score
+from toolself.evals.judge import LLMJudge, Score
 from toolself.evals.task import Task
 
 NAME = "paper"

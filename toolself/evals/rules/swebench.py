@@ -164,7 +164,7 @@ def decide(tests: dict[str, list[str]], statuses: dict[str, str]) -> Verdict:
 
 def swebench_verdict(task: Any, log: str) -> Any:
     """A `Score` named `swebench` for one test log of one attempt at an instance."""
-    from toolself.evals.scorers import Score
+    from toolself.evals.judge import Score
 
     statuses = parse_test_log(task.metadata["repo"], log, task.metadata.get("log_parser"))
     verdict = decide(task.check_tests, statuses)

@@ -1,0 +1,104 @@
+"""The package's dependencies point one way, down toward the core.
+
+Read from the source with `ast`, not from what importing happens to run: an import inside a
+function is a dependency all the same (it runs when the function does), so a cycle hidden
+behind one is still a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "toolself"
+ENTRY_POINTS = {"toolself.__main__"}  # `python -m toolself` is the command line itself
+
+
+def module_name(path: Path, package: Path) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def internal_imports(path: Path, name: str, modules: set[str]) -> set[str]:
+    """The package's modules that `path` imports anywhere in it (module level, functions,
+    `if TYPE_CHECKING:`), each resolved to the module it names: `from toolself.models import
+    local` imports `toolself.models.local`, `from toolself.models import load_model` the package."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    paths = {module_name(p, package): p for p in package.rglob("*.py")}
+    return {name: internal_imports(path, name, set(paths)) for name, path in paths.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        return list(exc.args[1])
+    return None
+
+
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / "toolself" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return root / "toolself"
+
+
+def test_no_module_of_the_package_takes_part_in_an_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_no_module_of_the_library_imports_the_command_line():
+    importers = sorted(name for name, imports in import_graph().items()
+                       if "toolself.cli" in imports and name not in ENTRY_POINTS)
+    assert importers == []
+
+
+def test_a_cycle_closed_by_an_import_inside_a_function_is_found(tmp_path):
+    package = write_package(tmp_path, {
+        "__init__.py": "",
+        "low.py": "def f():\n    from toolself.high import g\n    return g\n",
+        "high.py": "from toolself import low\n",
+    })
+    assert sorted(set(find_cycle(import_graph(package)) or [])) == ["toolself.high", "toolself.low"]
+
+
+@pytest.mark.parametrize("statement", ["from .high import g", "from toolself.high import g", "import toolself.high",
+                                       "from toolself import high"])
+def test_every_spelling_of_an_import_is_an_edge(tmp_path, statement):
+    package = write_package(tmp_path, {"__init__.py": "", "low.py": statement + "\n", "high.py": "g = 1\n"})
+    assert import_graph(package)["toolself.low"] == {"toolself.high"}
+
+
+def test_a_package_that_imports_one_way_has_no_cycle(tmp_path):
+    package = write_package(tmp_path, {
+        "__init__.py": "",
+        "low.py": "x = 1\n",
+        "high.py": "def f():\n    from toolself.low import x\n    return x\n",
+    })
+    assert find_cycle(import_graph(package)) is None
