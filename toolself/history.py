@@ -37,7 +37,3 @@ class HistoryPool:
 
     def to_list(self) -> list[dict]:
         return [asdict(r) for r in self.records]
-
-    @classmethod
-    def from_list(cls, items: list[dict]) -> "HistoryPool":
-        return cls([StageRecord(**item) for item in items])

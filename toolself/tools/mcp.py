@@ -375,11 +375,3 @@ class MCPManager:
             pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
-
-
-def connect_servers(configs: list[MCPServerConfig], manager: MCPManager | None = None) -> tuple[MCPManager, list[MCPTool]]:
-    manager = manager or MCPManager()
-    tools: list[MCPTool] = []
-    for config in configs:
-        tools.extend(manager.connect(config))
-    return manager, tools

@@ -29,7 +29,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from toolself.models.base import Message
 from toolself.models.protocol import to_text_messages
 from toolself.tools.special import SPECIAL_TOOLS
-from toolself.trajectory import Conversation, ModelCall, Trajectory, read_jsonl
+from toolself.trajectory import Conversation, ModelCall, Trajectory
 
 IGNORE = -100
 DEFAULT_MAX_LENGTH = 4096
@@ -310,13 +310,6 @@ def kto_weights(desirable: int, undesirable: int, target: float = 1.15) -> KTOWe
 
 
 # -- datasets -------------------------------------------------------------------------------------
-
-def load_trajectories(paths: Iterable[str | Path]) -> list[Trajectory]:
-    out: list[Trajectory] = []
-    for p in paths:
-        out.extend(read_jsonl(p))
-    return out
-
 
 def build_sft_dataset(trajectories: Iterable[Trajectory], renderer: Renderer, max_length: int = DEFAULT_MAX_LENGTH,
                       only_successful: bool = True, mask_rejected: bool = True):
