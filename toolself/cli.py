@@ -171,21 +171,6 @@ def run(
 
 
 @app.command()
-def demo(
-    model: str = typer.Option("embedded", "--model", "-m", help="embedded | local:PATH | openai:NAME@URL"),
-    out: Path = typer.Option(Path("runs/demo.jsonl"), help="Append the trajectory to this JSONL file."),
-) -> None:
-    """ToolSelf on a three-hop question over a small shipped document collection."""
-    console.print(f"[bold]Demo[/bold]: ToolSelf with the {model} model over {len(list(demo_docs().glob('*.md')))} "
-                  f"local documents. The expected answer is {DEMO_ANSWER}; a zero-shot 135M model "
-                  "chooses poorly, and what follows is exactly what it chose.\n")
-    run(task=DEMO_QUESTION, model=model, method="toolself", freeze=[], config_model=None, docs=demo_docs(),
-        tools="search,visit", mcp=[], user_tools=[], tools_config=None, workspace=None, out=out, max_stages=4, max_steps=6, max_tokens=60_000, timeout=600.0,
-        time_limit=None,
-        context_budget=None, temperature=0.0, seed=0, dtype="auto")
-
-
-@app.command()
 def serve(
     model: str = typer.Option("embedded", "--model", "-m", help="embedded | local:PATH | openai:NAME@URL"),
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
@@ -215,12 +200,14 @@ def methods() -> None:
 
 def _mount() -> None:
     """Sub-commands live beside what they drive; they import their heavy parts lazily."""
+    from toolself.demo import demo_command
     from toolself.evals.cli import tasks_app
     from toolself.evals.eval_cli import eval_command, report_command
     from toolself.tools.cli import tools_app
     from toolself.train.cli import train_app
     from toolself.viewer.cli import view_command
 
+    app.command("demo")(demo_command)
     app.command("eval")(eval_command)
     app.command("report")(report_command)
     app.command("view")(view_command)

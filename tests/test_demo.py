@@ -1,0 +1,93 @@
+"""`toolself demo`: the zero-shot and the CAT-trained embedded model on one held-out task."""
+
+from __future__ import annotations
+
+import io
+import os
+
+from rich.console import Console
+from typer.testing import CliRunner
+
+from toolself.cli import app
+from toolself.config import Configuration
+from toolself.demo import DEMO_SUITE, DEMO_TASK, StageObserver, demo_task, run_demo
+from toolself.evals.suites.common import KEY_VARIABLE
+from toolself.evals.teacher import ExpertTeacher
+from toolself.trajectory import Stage, Trajectory, read_jsonl
+from toolself.viewer.load import load_attempts
+
+
+def console() -> Console:
+    return Console(file=io.StringIO(), width=200, color_system=None)
+
+
+def text(c: Console) -> str:
+    return c.file.getvalue()
+
+
+def stage(index: int, request: dict | None = None, **change) -> Stage:
+    config = {"subgoal": "read sales.csv", "strategy": "open the file, then sum", "toolbox": ["python", "files"],
+              "knowledge": "none", "context_mode": "basic", **change}
+    return Stage(index=index, configuration=Configuration(**config), config_source="policy", request=request)
+
+
+def test_the_demo_says_how_to_build_the_adapter_when_it_is_not_installed(tmp_path, monkeypatch):
+    import toolself.models
+
+    monkeypatch.setattr(toolself.models, "shipped_adapter", lambda spec: tmp_path)
+    result = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "t.jsonl")])
+    assert result.exit_code == 2 and "make embedded-cat" in result.output
+
+
+def test_the_demo_task_is_the_published_one_whatever_key_the_environment_holds(monkeypatch):
+    monkeypatch.delenv(KEY_VARIABLE, raising=False)
+    monkeypatch.setenv(KEY_VARIABLE, "public")
+    published = demo_task()
+    monkeypatch.setenv(KEY_VARIABLE, "a-private-key")
+    task = demo_task()
+    assert task.id == DEMO_TASK and task.split == "heldout"
+    assert (task.question, task.answer) == (published.question, published.answer)
+    assert os.environ[KEY_VARIABLE] == "a-private-key"
+
+
+def test_a_stage_shows_the_reason_it_was_opened_and_marks_only_the_fields_that_changed():
+    c = console()
+    observer = StageObserver(c)
+    trajectory = Trajectory(task="t")
+    observer.stage_started(trajectory, stage(0))
+    observer.stage_started(trajectory, stage(1, request={"reason": "the columns are known"},
+                                             subgoal="sum the West umbrella units", toolbox=["python", "shell"]))
+    second = text(c).split("stage 2", 1)[1]
+    assert "the columns are known" in second
+    assert "changed (was: read sales.csv)" in second and "changed (+shell -files)" in second
+    assert second.count("changed") == 2  # strategy, knowledge and mode were kept
+
+
+def test_a_stage_that_repeats_the_previous_configuration_says_nothing_changed():
+    c = console()
+    observer = StageObserver(c)
+    observer.stage_started(Trajectory(task="t"), stage(0))
+    observer.stage_started(Trajectory(task="t"), stage(1, request={"reason": "again"}))
+    assert "nothing changed from the previous stage" in text(c)
+
+
+def test_the_demo_scores_both_attempts_and_writes_trajectories_the_viewer_opens(tmp_path):
+    other = demo_task("data-heldout-0-0001")  # a policy answering another task's question
+
+    def load(spec, task):
+        return ExpertTeacher.for_task(task if spec == "solves" else other)
+
+    record = {"command": "make embedded-cat", "training_data": {"sft": {"trajectories": 108}},
+              "heldout": {"suites": [DEMO_SUITE], "tasks_per_suite": 4,
+                          "success_rate": {"zero-shot": {DEMO_SUITE: 0.0}, "cat": {DEMO_SUITE: 0.75}}}}
+    c = console()
+    out = tmp_path / "demo" / "trajectories.jsonl"
+    attempts = run_demo(out, c, contenders=[("answers another task", "fails"), ("solves it", "solves")], load=load,
+                        record=record)
+    assert [a.correct for a in attempts] == [False, True]
+    shown = text(c)
+    assert "135M" in shown and "data 0% → 75%" in shown and "FAILED" in shown and "SOLVED" in shown and "stage 1" in shown
+    assert f"toolself view {out} --out {out.with_suffix('.html')} --open" in shown
+    written = read_jsonl(out)
+    assert [t.metadata["correct"] for t in written] == [False, True]
+    assert sorted(a.outcome for a in load_attempts([out])) == ["correct", "wrong"]
