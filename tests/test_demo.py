@@ -5,12 +5,13 @@ from __future__ import annotations
 import io
 import os
 
+import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
 from toolself.cli import app
 from toolself.config import Configuration
-from toolself.demo import DEMO_SUITE, DEMO_TASK, StageObserver, demo_task, run_demo
+from toolself.demo import DEMO_SUITE, StageObserver, chosen_task, demo_task, run_demo
 from toolself.evals.suites.common import KEY_VARIABLE
 from toolself.evals.teacher import ExpertTeacher
 from toolself.trajectory import Stage, Trajectory, read_jsonl
@@ -31,6 +32,27 @@ def stage(index: int, request: dict | None = None, **change) -> Stage:
     return Stage(index=index, configuration=Configuration(**config), config_source="policy", request=request)
 
 
+def recorded(outcomes: dict[str, tuple[bool, bool]]) -> dict:
+    """A provenance record whose evaluation had these (trained, zero-shot) outcomes on data tasks."""
+    tasks = {name: {f"{DEMO_SUITE}/{task}": pair[i] for task, pair in outcomes.items()}
+             for i, name in enumerate(("cat", "zero-shot"))}
+    rates = {name: {DEMO_SUITE: sum(v.values()) / len(v)} for name, v in tasks.items()}
+    return {"command": "make embedded-cat", "training_data": {"sft": {"trajectories": 108}},
+            "heldout": {"suites": [DEMO_SUITE], "tasks_per_suite": len(outcomes), "success_rate": rates,
+                        "tasks": tasks}}
+
+
+def test_the_demo_picks_the_first_task_the_adapter_solved_and_the_zero_shot_model_failed():
+    record = recorded({"data-heldout-0-0000": (True, True), "data-heldout-0-0001": (False, False),
+                       "data-heldout-0-0002": (True, False), "data-heldout-0-0003": (True, False)})
+    assert chosen_task(record) == "data-heldout-0-0002"
+
+
+def test_an_evaluation_where_training_changed_no_outcome_has_nothing_to_show():
+    with pytest.raises(ValueError, match="nothing to show"):
+        chosen_task(recorded({"data-heldout-0-0000": (True, True), "data-heldout-0-0001": (False, False)}))
+
+
 def test_the_demo_says_how_to_build_the_adapter_when_it_is_not_installed(tmp_path, monkeypatch):
     import toolself.models
 
@@ -42,10 +64,10 @@ def test_the_demo_says_how_to_build_the_adapter_when_it_is_not_installed(tmp_pat
 def test_the_demo_task_is_the_published_one_whatever_key_the_environment_holds(monkeypatch):
     monkeypatch.delenv(KEY_VARIABLE, raising=False)
     monkeypatch.setenv(KEY_VARIABLE, "public")
-    published = demo_task()
+    published = demo_task("data-heldout-0-0001")
     monkeypatch.setenv(KEY_VARIABLE, "a-private-key")
-    task = demo_task()
-    assert task.id == DEMO_TASK and task.split == "heldout"
+    task = demo_task("data-heldout-0-0001")
+    assert task.id == "data-heldout-0-0001" and task.split == "heldout"
     assert (task.question, task.answer) == (published.question, published.answer)
     assert os.environ[KEY_VARIABLE] == "a-private-key"
 
@@ -72,21 +94,19 @@ def test_a_stage_that_repeats_the_previous_configuration_says_nothing_changed():
 
 
 def test_the_demo_scores_both_attempts_and_writes_trajectories_the_viewer_opens(tmp_path):
-    other = demo_task("data-heldout-0-0001")  # a policy answering another task's question
+    other = demo_task("data-heldout-0-0001")  # a policy answering another task's question, not 0002's
 
     def load(spec, task):
         return ExpertTeacher.for_task(task if spec == "solves" else other)
 
-    record = {"command": "make embedded-cat", "training_data": {"sft": {"trajectories": 108}},
-              "heldout": {"suites": [DEMO_SUITE], "tasks_per_suite": 4,
-                          "success_rate": {"zero-shot": {DEMO_SUITE: 0.0}, "cat": {DEMO_SUITE: 0.75}}}}
+    record = recorded({"data-heldout-0-0000": (False, False), "data-heldout-0-0002": (True, False)})
     c = console()
     out = tmp_path / "demo" / "trajectories.jsonl"
     attempts = run_demo(out, c, contenders=[("answers another task", "fails"), ("solves it", "solves")], load=load,
                         record=record)
     assert [a.correct for a in attempts] == [False, True]
     shown = text(c)
-    assert "135M" in shown and "data 0% → 75%" in shown and "FAILED" in shown and "SOLVED" in shown and "stage 1" in shown
+    assert "135M" in shown and "data 0% → 50%" in shown and "data-heldout-0-0002" in shown and "FAILED" in shown and "SOLVED" in shown and "stage 1" in shown
     assert f"toolself view {out} --out {out.with_suffix('.html')} --open" in shown
     written = read_jsonl(out)
     assert [t.metadata["correct"] for t in written] == [False, True]

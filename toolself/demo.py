@@ -7,10 +7,10 @@ suite's own scorer. The terminal shows every stage's configuration as the policy
 what changed from the stage before and why, the tool calls and the verdict; the two
 trajectories go to a JSONL file that `toolself view` opens.
 
-The task is fixed (`DEMO_TASK`): one the adapter's evaluation (provenance.json) recorded as
-solved by the trained model and failed by the zero-shot one, both greedy. The published suites
-(`TOOLSELF_SUITE_KEY=public`) are used whatever the environment says, because that record
-was measured on them.
+The task is the first one of that suite the adapter's held-out evaluation (provenance.json)
+recorded as solved by the trained model and failed by the zero-shot one, both greedy, so a
+rebuilt adapter brings its own. The published suites (`TOOLSELF_SUITE_KEY=public`) are used
+whatever the environment says, because that record was measured on them.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import typer
 from rich.console import Console
@@ -39,7 +39,6 @@ from toolself.evals.report import short_dataset
 from toolself.trajectory import Stage, Step, Trajectory, write_jsonl
 
 DEMO_SUITE = "builtin:data"
-DEMO_TASK = "data-heldout-0-0000"
 DEMO_SEED = 0
 CONTENDERS = (("ToolSelf, zero-shot", "embedded"), ("ToolSelf + CAT", "embedded:cat"))
 FIELDS = (("sub-goal", "subgoal"), ("strategy", "strategy"), ("toolbox", "toolbox"), ("knowledge", "knowledge"),
@@ -67,7 +66,19 @@ def published_suites() -> Iterator[None]:
             os.environ[KEY_VARIABLE] = held
 
 
-def demo_task(task_id: str = DEMO_TASK) -> Any:
+def chosen_task(record: dict[str, Any]) -> str:
+    """The first held-out task of the demo's suite that the trained model solved and the
+    zero-shot one failed in the adapter's recorded evaluation."""
+    outcomes = record["heldout"]["tasks"]
+    found = sorted(key for key, solved in outcomes["cat"].items()
+                   if key.startswith(f"{DEMO_SUITE}/") and solved and not outcomes["zero-shot"].get(key, True))
+    if not found:
+        raise ValueError(f"the adapter's evaluation holds no {DEMO_SUITE} task that it solved and the zero-shot model "
+                         "failed: nothing to show")
+    return found[0].split("/", 1)[1]
+
+
+def demo_task(task_id: str) -> Any:
     from toolself.evals.loaders import load_tasks
 
     with published_suites():
@@ -240,15 +251,16 @@ def introduction(task: Any, record: dict[str, Any]) -> Panel:
     return Panel("\n".join(lines), border_style="blue")
 
 
-def run_demo(out: Path, console: Console | None = None, task_id: str = DEMO_TASK,
+def run_demo(out: Path, console: Console | None = None, task_id: str | None = None,
              contenders: Sequence[tuple[str, str]] = CONTENDERS,
              load: Callable[[str, Any], Any] = load_contender, record: dict[str, Any] | None = None) -> list[Attempt]:
     """Both attempts, shown as they run; the trajectories are written to `out` (replaced).
     `load(spec, task)` builds a contender's model and `record` stands for the adapter's
     provenance (tests give scripted policies and their own record)."""
     console = console or Console()
-    task = demo_task(task_id)
-    console.print(introduction(task, record if record is not None else provenance()))
+    record = record if record is not None else provenance()
+    task = demo_task(task_id or chosen_task(record))
+    console.print(introduction(task, record))
     attempts = []
     for label, spec in contenders:
         attempts.append(attempt(label, spec, task, console, load))
@@ -267,7 +279,8 @@ def run_demo(out: Path, console: Console | None = None, task_id: str = DEMO_TASK
 def demo_command(
     out: Path = typer.Option(Path("runs/demo/trajectories.jsonl"), "--out", "-o",
                              help="Write the two trajectories to this JSONL file (replaced)."),
-    task: str = typer.Option(DEMO_TASK, help=f"A held-out task of {DEMO_SUITE} (published suites)."),
+    task: Optional[str] = typer.Option(None, help=f"A held-out task of {DEMO_SUITE} (published suites); default: "
+                                                  "the first the adapter solved and the zero-shot model failed."),
 ) -> None:
     """The zero-shot embedded model and the CAT-trained one (embedded:cat) on the same held-out
     task: each stage's configuration, what changed and why, the tool calls and the verdict."""
