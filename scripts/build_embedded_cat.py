@@ -49,7 +49,7 @@ def evaluate_both(out: Path, concurrency: int) -> dict[str, dict[str, bool]]:
     from toolself.train.pipeline import isolated, student_spec
 
     cat = replace(settings(), concurrency=concurrency)
-    models = {"student": student_spec(cat), "rft": f"local:{out / 'rft'}"}
+    models = {"student": student_spec(cat), "rft": "embedded:cat"}  # the files as shipped, tokenizer and all
     outcomes = {}
     for name in EVALUATED:
         print(f"[evaluate {name}] running", flush=True)
@@ -103,7 +103,8 @@ def commit() -> str:
 
 def ship(out: Path) -> dict:
     """Copy the adapter into the package; its config names the base model by name rather than
-    by this machine's converted copy (`local._resolve_base` maps the name back to it)."""
+    by this machine's converted copy (`local._resolve_base` maps the name back to it). The
+    tokenizer is the base model's, so it is not copied; the evaluation loads what shipped."""
     from toolself.models.local import DEFAULT_NAME
 
     SHIPPED.mkdir(parents=True, exist_ok=True)
@@ -149,7 +150,8 @@ def provenance(out: Path, config: dict, steps: dict, outcomes: dict, concurrency
 
 def _public(result: dict) -> dict:
     """A step's result without the paths of this machine's work folder."""
-    return {k: v for k, v in result.items() if not (isinstance(v, str) and ("/" in v or "\\" in v))}
+    return {k: _public(v) if isinstance(v, dict) else v for k, v in result.items()
+            if not (isinstance(v, str) and ("/" in v or "\\" in v))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     steps = train(args.out)
     if args.train_only:
         return 0
-    outcomes = evaluate_both(args.out, args.eval_concurrency)
     config = ship(args.out)
+    outcomes = evaluate_both(args.out, args.eval_concurrency)
     record = provenance(args.out, config, steps, outcomes, args.eval_concurrency)
     (SHIPPED / "provenance.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     rates = record["heldout"]["success_rate"]
