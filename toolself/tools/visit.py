@@ -158,7 +158,7 @@ def extract_evidence(model, goal: str, source: str, text: str) -> str:
     reply = (model.complete([Message("user", prompt)]).text or "").strip()
     start, end = reply.find("{"), reply.rfind("}")
     try:
-        data = json.loads(reply[start:end + 1]) if start != -1 < end else None
+        data = json.loads(reply[start:end + 1]) if start != -1 and end > start else None
     except json.JSONDecodeError:
         data = None
     if not isinstance(data, dict) or not (data.get("evidence") or data.get("summary")):

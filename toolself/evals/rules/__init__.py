@@ -11,7 +11,7 @@
 | `xbench_judge`   | xbench-DeepSearch  | the xbench judge said 正确            |                        |
 | `judge`          | any JSONL          | toolself's generic judge              |                        |
 | `exact_fallback` | the judged ones    | normalised exact match, no judge given|                        |
-| `paper`          | any (`--preset paper`) | the authors' chain: exact, normalised, 1% numeric, YES/NO judge |  |
+| `paper`          | any (`--preset`)   | exact, normalised, 1% numeric, judge  | the deciding step      |
 
 SWE-bench is decided from the test log (`toolself.evals.rules.swebench`), not from an answer.
 A task names its scorer in `metadata["scorer"]` (the loaders set it); without one it is `gaia`.
