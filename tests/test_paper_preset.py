@@ -60,8 +60,8 @@ def test_sampling_protocol_and_tokenizer_of_a_served_policy():
 
 
 def test_the_tools_and_the_scorer_are_the_authors():
-    assert (PAPER_PRESET.tools.search_results, PAPER_PRESET.tools.visit_max_chars,
-            PAPER_PRESET.tools.file_max_chars) == (10, 150_000, 100_000)
+    assert (PAPER_PRESET.tools.search_results, PAPER_PRESET.tools.search_dates, PAPER_PRESET.tools.visit_max_chars,
+            PAPER_PRESET.tools.file_max_chars) == (10, True, 150_000, 100_000)
     assert PAPER_PRESET.scorer == "paper" and PAPER_PRESET.judge_temperature == 0
 
 
@@ -341,8 +341,8 @@ def test_eval_with_the_paper_preset_on_frames_and_gaia_samples_end_to_end(tmp_pa
         pytest.skip(f"the benchmark samples are not at {SAMPLES} (expected next to the repository, in shared/)")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TOOLSELF_CACHE", str(tmp_path / "cache"))
-    hits = [{"url": f"https://en.wikipedia.org/wiki/Page_{i}", "title": f"Page {i}", "content": f"snippet {i}"}
-            for i in range(12)]
+    hits = [{"url": f"https://en.wikipedia.org/wiki/Page_{i}", "title": f"Page {i}", "content": f"snippet {i}",
+             "publishedDate": f"2024-01-{i + 1:02d}"} for i in range(12)]
     search = FakeService([], default=Reply(200, {"results": hits}))
     reader = FakeService([], default=Reply(200, {"code": 200, "data": {
         "title": "Jane Eyre", "url": "https://en.wikipedia.org/wiki/Jane_Eyre",
@@ -371,4 +371,5 @@ def test_eval_with_the_paper_preset_on_frames_and_gaia_samples_end_to_end(tmp_pa
     trajectories = [json.loads(line) for line in (out / "toolself" / "trajectories.jsonl").read_text().splitlines()]
     searched = [s for t in trajectories for st in t["stages"] for s in st["steps"] if s["tool"] == "search"]
     assert "\n10. " in searched[0]["observation"] and "\n11. " not in searched[0]["observation"]
+    assert "date: 2024-01-10" in searched[0]["observation"]
     assert "paper" in next((out / "report").glob("*.md")).read_text()

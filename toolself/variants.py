@@ -73,11 +73,13 @@ class Protocol(BaseModel):
 
 
 class ToolProfile(BaseModel):
-    """search_results: results per query; visit_max_chars: the most characters of each page a
-    goal-directed `visit` reads; file_max_chars: the same for `file_analyzer`'s goal reading."""
+    """search_results: results per query; search_dates: each with its publication date (when
+    the service gives one); visit_max_chars: the most characters of each page a goal-directed
+    `visit` reads; file_max_chars: the same for `file_analyzer`'s goal reading."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     search_results: int = Field(ge=1)
+    search_dates: bool
     visit_max_chars: int = Field(ge=1)
     file_max_chars: int = Field(ge=1)
 
@@ -129,7 +131,7 @@ class RunPreset(BaseModel):
         from toolself.tools.search import search_tool
         from toolself.tools.visit import goal_visit_tool
 
-        for bound in (search_tool(web, docs, k=self.tools.search_results),
+        for bound in (search_tool(web, docs, k=self.tools.search_results, dates=self.tools.search_dates),
                       goal_visit_tool(web, docs, max_chars=self.tools.visit_max_chars),
                       goal_file_analyzer(self.tools.file_max_chars)):
             if bound.name in pool:

@@ -51,10 +51,13 @@ class Document:
 
 @dataclass(frozen=True)
 class SearchResult:
+    """date: when the page was published, as the search service wrote it ("" when it gave none)."""
+
     locator: str
     title: str
     snippet: str
     score: float
+    date: str = ""
 
 
 class Analyzer:

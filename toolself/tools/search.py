@@ -87,7 +87,9 @@ def run_queries(queries: list[str], ctx: ToolContext | None, k: int = RESULTS_PE
     return out
 
 
-def format_results(batches: list[QueryResults]) -> str:
+def format_results(batches: list[QueryResults], dates: bool = False) -> str:
+    """The results as the model reads them; with `dates`, each result's publication date when
+    the service gave one."""
     lines: list[str] = []
     number = 0
     for batch in batches:
@@ -97,7 +99,8 @@ def format_results(batches: list[QueryResults]) -> str:
             lines.append("  (no new results)")
         for r in batch.results:
             number += 1
-            lines.append(f"{number}. {r.title}\n   locator: {r.locator}\n   {r.snippet}")
+            date = f"\n   date: {r.date}" if dates and r.date else ""
+            lines.append(f"{number}. {r.title}\n   locator: {r.locator}{date}\n   {r.snippet}")
         if len(batches) > 1:
             lines.append("")
     if number == 0:
@@ -112,6 +115,7 @@ class _Search:
     settings: WebSettings | None = None
     docs: Path | None = None
     k: int = RESULTS_PER_QUERY
+    dates: bool = False
 
     def search(self, query: str | list[str], ctx: ToolContext) -> str:
         """Search for documents; returns ranked results with title, locator and the best-matching passage.
@@ -127,13 +131,16 @@ class _Search:
         if len(queries) > MAX_QUERIES:
             note = f"\n(Only the first {MAX_QUERIES} of {len(queries)} queries were run.)"
             queries = queries[:MAX_QUERIES]
-        return format_results(run_queries(queries, ctx, k=self.k, settings=self.settings, docs=self.docs)) + note
+        batches = run_queries(queries, ctx, k=self.k, settings=self.settings, docs=self.docs)
+        return format_results(batches, self.dates) + note
 
 
-def search_tool(settings: WebSettings | None, docs: Path | None = None, k: int = RESULTS_PER_QUERY) -> Tool:
+def search_tool(settings: WebSettings | None, docs: Path | None = None, k: int = RESULTS_PER_QUERY,
+                dates: bool = False) -> Tool:
     """`search` bound to `settings` (None: read from the environment at each call) and to the
-    run's document collection `docs` for tasks that have none of their own; `k` results per query."""
-    return Tool(_Search(settings, docs, k).search)
+    run's document collection `docs` for tasks that have none of their own; `k` results per
+    query, with their publication dates when `dates`."""
+    return Tool(_Search(settings, docs, k, dates).search)
 
 
 search = search_tool(None)

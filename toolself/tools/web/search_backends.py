@@ -19,12 +19,13 @@ from toolself.tools.collection import SearchResult
 from toolself.tools.web.http import RetryPolicy, ServiceError, api_key, json_body, request
 
 
-def _result(rank: int, url: Any, title: Any, snippet: Any, score: Any = None) -> SearchResult | None:
+def _result(rank: int, url: Any, title: Any, snippet: Any, score: Any = None, date: Any = None) -> SearchResult | None:
     if not isinstance(url, str) or not url:
         return None
     return SearchResult(locator=url, title=(title if isinstance(title, str) and title.strip() else url).strip(),
                         snippet=" ".join(str(snippet or "").split()),
-                        score=float(score) if isinstance(score, (int, float)) else 1.0 / (rank + 1))
+                        score=float(score) if isinstance(score, (int, float)) else 1.0 / (rank + 1),
+                        date=date.strip() if isinstance(date, str) else "")
 
 
 def _rows(service: str, payload: Any, *path: str) -> list[dict[str, Any]]:
@@ -89,8 +90,8 @@ class SearxNG(WebSearchBackend):
                            params={"q": query, "format": "json"},
                            forbidden_hint="is the JSON format enabled in the instance's settings (search.formats)?")
         rows = _rows(self.name, json_body(self.name, response), "results")
-        return _take([_result(i, r.get("url"), r.get("title"), r.get("content"), r.get("score"))
-                      for i, r in enumerate(rows)], k)
+        return _take([_result(i, r.get("url"), r.get("title"), r.get("content"), r.get("score"),
+                              r.get("publishedDate")) for i, r in enumerate(rows)], k)
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,8 @@ class Serper(WebSearchBackend):
         payload = self.call("POST", self.url, json={"q": query, "num": k},
                             headers={"X-API-KEY": self.key() or "", "Content-Type": "application/json"})
         rows = _rows(self.name, payload, "organic")
-        return _take([_result(i, r.get("link"), r.get("title"), r.get("snippet")) for i, r in enumerate(rows)], k)
+        return _take([_result(i, r.get("link"), r.get("title"), r.get("snippet"), date=r.get("date"))
+                      for i, r in enumerate(rows)], k)
 
 
 @dataclass(frozen=True)
@@ -118,8 +120,8 @@ class Tavily(WebSearchBackend):
         payload = self.call("POST", self.url, json={"query": query, "max_results": k, "search_depth": "basic"},
                             headers={"Authorization": f"Bearer {self.key()}"})
         rows = _rows(self.name, payload, "results")
-        return _take([_result(i, r.get("url"), r.get("title"), r.get("content"), r.get("score"))
-                      for i, r in enumerate(rows)], k)
+        return _take([_result(i, r.get("url"), r.get("title"), r.get("content"), r.get("score"),
+                              r.get("published_date")) for i, r in enumerate(rows)], k)
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,8 @@ class Brave(WebSearchBackend):
         if isinstance(payload, dict) and "web" not in payload and "query" in payload:
             return []  # Brave leaves `web` out when nothing matched
         rows = _rows(self.name, payload, "web", "results")
-        return _take([_result(i, r.get("url"), r.get("title"), r.get("description")) for i, r in enumerate(rows)], k)
+        return _take([_result(i, r.get("url"), r.get("title"), r.get("description"), date=r.get("page_age"))
+                      for i, r in enumerate(rows)], k)
 
 
 @dataclass(frozen=True)
