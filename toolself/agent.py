@@ -430,8 +430,8 @@ class _Attempt:
             problem = "Not run: only reconfigure was allowed in this turn."
             if end is None and tool_call.name == RECONFIGURE and not tool_call.error:
                 try:
-                    end = self.reconfigure(stage, tool_call, canonical_arguments(RECONFIGURE, tool_call.arguments or {}),
-                                           call_index)
+                    arguments = canonical_arguments(RECONFIGURE, tool_call.arguments or {})
+                    end = self.reconfigure(stage, tool_call, arguments, call_index)
                     continue
                 except ToolArgumentError as exc:
                     problem = str(exc)

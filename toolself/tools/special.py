@@ -80,7 +80,8 @@ def reconfigure_official(
         execution_summary: A detailed summary of what this stage did and found, with the concrete facts.
         update_reason: Why the configuration must be updated.
         new_sub_goal: The sub-goal the next stage must adopt.
-        additional_details: Optional requirements for the next configuration, by key: toolbox, knowledge, strategy, context_mode.
+        additional_details: Optional requirements for the next configuration, by key: toolbox,
+            knowledge, strategy, context_mode.
     """
     return _intercepted()
 
