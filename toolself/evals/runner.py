@@ -43,7 +43,8 @@ from typing import Any, Callable, Sequence
 
 from toolself.agent import AgentSettings
 from toolself.evals.attempt import AttemptModels, Job, as_model, fill_from_trajectory
-from toolself.evals.backends import make_backend
+from toolself.evals.backends import Backend, make_backend
+from toolself.evals.judge import LLMJudge
 from toolself.evals.progress import EvalProgress
 from toolself.evals.records import (
     AttemptKey,
@@ -54,7 +55,9 @@ from toolself.evals.records import (
     safe_name,
 )
 from toolself.evals.report import RUN_FILE, Table, aggregate
+from toolself.models.base import ChatModel
 from toolself.models.spec import ModelSpec
+from toolself.tools.base import ToolPool
 from toolself.trajectory import Trajectory
 
 RUN_FORMAT = 1
@@ -98,21 +101,55 @@ class _Running:
     live: list[Trajectory] = field(default_factory=list)
 
 
-def _identity(model: Any, config_model: Any, judge: Any, split: str, seed: int, timeout: float | None,
-              freeze: Sequence[str], overrides: dict[str, Any], model_options: dict[str, Any]) -> dict[str, Any]:
-    def name(x: Any) -> Any:
-        if x is None or isinstance(x, (str, ModelSpec)):
-            return x if x is None else str(x)
-        inner = getattr(x, "model", None)
-        return getattr(x, "name", None) or getattr(inner, "name", None) or type(x).__name__
+@dataclass(frozen=True)
+class EvalRun:
+    """What decides an evaluation's results, recorded in run.json and compared on a rerun.
+    Made once at the edge (`of`): model specs are parsed, the agent's budgets take the
+    model's defaults where the user set none."""
 
-    from toolself.evals.suites.common import suite_key_id
+    model: ModelSpec | ChatModel
+    config_model: ModelSpec | ChatModel | None = None
+    judge: ModelSpec | LLMJudge | None = None
+    split: str = "heldout"
+    seed: int = 0
+    timeout: float | None = 600.0
+    freeze: tuple[str, ...] = ()
+    agent: dict[str, Any] = field(default_factory=dict)  # AgentSettings overrides
+    model_options: dict[str, Any] = field(default_factory=dict)
 
-    # the built-in suites' key decides which tasks an id names (see `suites.common`)
-    return {"model": name(model), "config_model": name(config_model), "judge": name(judge), "split": split,
-            "seed": seed, "suite_key": suite_key_id(), "timeout": timeout, "freeze": list(freeze),
-            "settings": {k: overrides[k] for k in sorted(overrides)},
-            "model_options": {k: model_options[k] for k in sorted(model_options)}}
+    @classmethod
+    def of(cls, model: ModelSpec | ChatModel | str, *, config_model: ModelSpec | ChatModel | str | None = None,
+           judge: ModelSpec | LLMJudge | str | None = None, agent: dict[str, Any] | None = None,
+           model_options: dict[str, Any] | None = None, freeze: Sequence[str] = (), **fields: Any) -> "EvalRun":
+        model = as_model(model)
+        defaults = getattr(model, "defaults", None)
+        overrides = {**(defaults.settings() if defaults else {}), **(agent or {})}
+        return cls(model, as_model(config_model), as_model(judge), agent=overrides, freeze=tuple(freeze),
+                   model_options=dict(model_options or {}), **fields)
+
+    def settings(self, method: str) -> AgentSettings:
+        from toolself.variants import settings_for
+
+        return settings_for(method, self.freeze, time_limit=self.timeout, **self.agent)
+
+    def models(self) -> AttemptModels:
+        return AttemptModels(self.model, self.config_model, self.judge, self.model_options)
+
+    def identity(self) -> dict[str, Any]:
+        from toolself.evals.suites.common import suite_key_id
+
+        # the built-in suites' key decides which tasks an id names (see `suites.common`)
+        return {"model": _name(self.model), "config_model": _name(self.config_model), "judge": _name(self.judge),
+                "split": self.split, "seed": self.seed, "suite_key": suite_key_id(), "timeout": self.timeout,
+                "freeze": list(self.freeze), "settings": {k: self.agent[k] for k in sorted(self.agent)},
+                "model_options": {k: self.model_options[k] for k in sorted(self.model_options)}}
+
+
+def _name(model: Any) -> str | None:
+    if model is None or isinstance(model, ModelSpec):
+        return None if model is None else str(model)
+    inner = getattr(model, "model", None)
+    return getattr(model, "name", None) or getattr(inner, "name", None) or type(model).__name__
 
 
 def _check_run_file(out: Path, identity: dict[str, Any], command: dict[str, Any], force: bool) -> None:
@@ -138,7 +175,7 @@ def _check_run_file(out: Path, identity: dict[str, Any], command: dict[str, Any]
 def run_eval(
     tasks: Sequence[str],
     methods: Sequence[str],
-    model: Any,
+    model: ModelSpec | ChatModel | str,
     out: Path,
     *,
     concurrency: int = 4,
@@ -146,18 +183,18 @@ def run_eval(
     grace: float | None = None,
     limit: int | None = None,
     repeats: int = 1,
-    judge: Any = None,
+    judge: ModelSpec | LLMJudge | str | None = None,
     freeze: Sequence[str] = (),
-    config_model: Any = None,
+    config_model: ModelSpec | ChatModel | str | None = None,
     split: str = "heldout",
     seed: int = 0,
     force: bool = False,
     settings: dict[str, Any] | None = None,
-    pool: Any = None,
+    pool: ToolPool | None = None,
     model_options: dict[str, Any] | None = None,
     progress: EvalProgress | bool | None = None,
     loader: Callable[..., list[Any]] | None = None,
-    backend: Any = "local",
+    backend: Backend | str = "local",
 ) -> RunSummary:
     """Run every missing attempt and return the summary over all of the requested ones.
 
@@ -167,9 +204,19 @@ def run_eval(
     grace: seconds after the timeout before an attempt that has not returned is abandoned
     (default: a quarter of the timeout, at least 5 s); backend: where attempts execute,
     `local` (threads in this process), `ray`, `ray:ADDRESS` or a Backend (see `backends`).
+    The results' settings become an `EvalRun`; `evaluate` runs one.
     """
-    from toolself.variants import settings_for
+    run = EvalRun.of(model, config_model=config_model, judge=judge, agent=settings, model_options=model_options,
+                     freeze=freeze, split=split, seed=seed, timeout=timeout)
+    return evaluate(tasks, methods, run, out, concurrency=concurrency, grace=grace, limit=limit, repeats=repeats,
+                    force=force, pool=pool, progress=progress, loader=loader, backend=backend)
 
+
+def evaluate(tasks: Sequence[str], methods: Sequence[str], run: EvalRun, out: Path, *, concurrency: int = 4,
+             grace: float | None = None, limit: int | None = None, repeats: int = 1, force: bool = False,
+             pool: ToolPool | None = None, progress: EvalProgress | bool | None = None,
+             loader: Callable[..., list[Any]] | None = None, backend: Backend | str = "local") -> RunSummary:
+    """`run_eval` for a run whose settings are already an `EvalRun`."""
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     if repeats < 1:
@@ -179,25 +226,20 @@ def run_eval(
     if not methods:
         raise ValueError("no method given")
     out = Path(out)
-    model, config_model, judge = as_model(model), as_model(config_model), as_model(judge)
-    overrides = dict(settings or {})
-    defaults = getattr(model, "defaults", None)
-    if defaults is not None:
-        for name, value in defaults.settings().items():
-            overrides.setdefault(name, value)
-    method_settings = {m: settings_for(m, tuple(freeze), time_limit=timeout, **overrides) for m in methods}
+    method_settings = {m: run.settings(m) for m in methods}
+    timeout = run.timeout
     grace = max(5.0, 0.25 * timeout) if grace is None and timeout else (grace or 0.0)
 
     loader = loader or _default_loader
     datasets: dict[str, list[Any]] = {}
     for spec in tasks:
-        loaded = loader(spec, split=split, limit=limit, seed=seed)
+        loaded = loader(spec, split=run.split, limit=limit, seed=run.seed)
         ids = [t.id for t in loaded]
         if len(set(ids)) != len(ids):
             raise ValueError(f"{spec}: task ids are not unique; results could not be keyed by them")
         datasets[spec] = list(loaded)
 
-    identity = _identity(model, config_model, judge, split, seed, timeout, freeze, overrides, model_options or {})
+    identity = run.identity()
     command = {"tasks": list(tasks), "methods": list(methods), "limit": limit, "repeats": repeats,
                "concurrency": concurrency, **identity}
     private_run_folder(out)
@@ -212,8 +254,7 @@ def run_eval(
             jobs = _missing(stores, datasets, methods, method_settings, repeats)
             # Models load only when something is left to run: a finished run reports at once.
             if jobs:
-                models = AttemptModels(model, config_model, judge, dict(model_options or {}))
-                executor = make_backend(backend).open(models, pool, out / "workspaces", grace)
+                executor = make_backend(backend).open(run.models(), pool, out / "workspaces", grace)
                 concurrency = _within_capacity(concurrency, getattr(executor, "capacity", None))
         except BaseException:
             for store in stores.values():
