@@ -133,7 +133,7 @@ class RunPreset(BaseModel):
 
         for bound in (search_tool(web, docs, k=self.tools.search_results, dates=self.tools.search_dates),
                       goal_visit_tool(web, docs, max_chars=self.tools.visit_max_chars),
-                      goal_file_analyzer(self.tools.file_max_chars)):
+                      goal_file_analyzer(self.tools.file_max_chars, web)):
             if bound.name in pool:
                 pool.replace(bound)
 

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolself.tools.base import Tool, ToolContext, ToolError, tool
 from toolself.tools.sandbox import LIMITS_PRELUDE, SandboxedProcess, SandboxUser, limits_for
-from toolself.tools.visit import extract_evidence, paginate
+from toolself.tools.visit import _Visit, extract_evidence, paginate
+from toolself.tools.web.settings import WebSettings
 from toolself.tools.workspace import Workspace, kind_of
 
 MAX_BYTES = 50 * 1024 * 1024
@@ -190,12 +192,12 @@ def _pages(path: str, ctx: ToolContext) -> tuple[str, list[str]]:
 GOAL_READ_CHARS = 100_000
 
 
-def goal_file_analyzer(max_chars: int = GOAL_READ_CHARS) -> Tool:
-    """`file_analyzer` in the authors' form (the `paper` preset): a file and a goal; the first
-    `max_chars` characters of its text go to the attempt's model, which extracts the evidence
-    for the goal as `visit` does (`visit.extract_evidence`); without a model, the first page."""
+@dataclass
+class _GoalFiles:
+    max_chars: int = GOAL_READ_CHARS
+    reader: _Visit = field(default_factory=_Visit)
 
-    def file_analyzer(path: str, goal: str, ctx: ToolContext) -> str:
+    def file_analyzer(self, path: str, goal: str, ctx: ToolContext) -> str:
         """Analyse a file of the workspace (PDF, DOCX, XLSX, PPTX, CSV, HTML, JSON or text) for a goal.
 
         Args:
@@ -203,10 +205,16 @@ def goal_file_analyzer(max_chars: int = GOAL_READ_CHARS) -> Tool:
             goal: What you want to learn from the file.
         """
         shown, pages = _pages(path, ctx)
-        text = "".join(pages)[:max_chars]
-        model = getattr(ctx, "model", None)
+        text = "".join(pages)[: self.max_chars]
+        model = self.reader.summariser(self.reader.settings or WebSettings.from_env(), ctx)
         if model is None or not text:
             return f"{shown}\n\n{pages[0] if pages and pages[0] else '(the file has no text)'}"
         return f"{shown}\n\n{extract_evidence(model, goal, shown, text)}"
 
-    return Tool(file_analyzer)
+
+def goal_file_analyzer(max_chars: int = GOAL_READ_CHARS, settings: WebSettings | None = None) -> Tool:
+    """`file_analyzer` in the authors' form (the `paper` preset): a file and a goal; the first
+    `max_chars` characters of its text go to the text model `visit` summarises with (the run's
+    `--visit-model`, else the attempt's model), which extracts the evidence for the goal as
+    `visit` does (`visit.extract_evidence`); without a model, the first page."""
+    return Tool(_GoalFiles(max_chars, _Visit(settings)).file_analyzer)
