@@ -4,19 +4,8 @@ import os
 import statistics
 import time
 
-import pytest
-
 from toolself.tools.base import ToolContext
 from toolself.tools.code import code_interpreter
-from toolself.tools.sandbox import with_limits
-
-
-@pytest.fixture
-def ctx():
-    context = ToolContext.temporary()
-    with_limits(context, timeout_s=5)
-    yield context
-    context.close()
 
 
 def py(ctx, code):

@@ -1,18 +1,6 @@
 """`execute_bash`: one persistent, sandboxed shell per attempt, in its workspace."""
 
-import pytest
-
-from toolself.tools.base import ToolContext
-from toolself.tools.sandbox import with_limits
 from toolself.tools.shell import execute_bash
-
-
-@pytest.fixture
-def ctx():
-    context = ToolContext.temporary()
-    with_limits(context, timeout_s=5)
-    yield context
-    context.close()
 
 
 def sh(ctx, command):

@@ -7,6 +7,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from test_agent import lookup
 
 from toolself.agent import Agent, AgentSettings
 from toolself.models.base import Completion
@@ -16,16 +17,6 @@ from toolself.train import data as D
 
 pytest.importorskip("transformers")
 pytest.importorskip("datasets")
-
-
-@tool
-def lookup(key: str) -> str:
-    """Look a key up in a small table.
-
-    Args:
-        key: The key to look up.
-    """
-    return {"a": "alpha", "b": "beta"}.get(key, "no such key")
 
 
 @tool

@@ -12,7 +12,6 @@ import time
 
 import pytest
 
-from toolself.tools.base import ToolContext
 from toolself.tools.code import code_interpreter
 from toolself.tools.sandbox import REPLY_BYTES, with_limits
 from toolself.tools.shell import execute_bash
@@ -21,11 +20,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
-def ctx():
-    context = ToolContext.temporary()
-    with_limits(context, timeout_s=30)
-    yield context
-    context.close()
+def sandbox_timeout():
+    return 30
 
 
 def py(ctx, code):

@@ -15,10 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from toolself.tools.base import ToolContext
 from toolself.tools.editor import str_replace_editor
 from toolself.tools.files import MAX_BYTES, file_analyzer
-from toolself.tools.sandbox import with_limits
 from toolself.tools.shell import execute_bash
 from toolself.tools.workspace import Workspace
 
@@ -30,11 +28,8 @@ LATIN1 = "caf\xe9 = 1\nna\xefve = 2\n".encode("latin-1")
 
 
 @pytest.fixture
-def ctx():
-    context = ToolContext.temporary()
-    with_limits(context, timeout_s=10)
-    yield context
-    context.close()
+def sandbox_timeout():
+    return 10
 
 
 def edit(ctx, **arguments):
