@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 from rich.console import Console
@@ -16,6 +17,10 @@ from toolself.cli_errors import fail, warn
 from toolself.cli_options import ToolOptions, preset_option, tool_options
 from toolself.interrupts import say_how_to_resume
 from toolself.models.local import DTYPE_HELP
+from toolself.train.stage_options import KTOOptions, RFTOptions, stage_options
+
+if TYPE_CHECKING:
+    from toolself.train.steps import Built, Collection
 
 train_app = typer.Typer(help="CAT training: RFT on a teacher's successes, then trajectory-level KTO.",
                         no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -51,24 +56,6 @@ def _preflight(options: ToolOptions, specs: list[tuple[str, str, Optional[int], 
         _fail(str(exc))
     for warning in warnings:
         console.print(f"warning: {warning}", markup=False, highlight=False)
-
-
-def _train_kwargs(epochs: Optional[float], lr: Optional[float], batch_size: Optional[int],
-                  grad_accum: Optional[int], max_steps: Optional[int], lora_r: Optional[int],
-                  full_finetune: bool, compile_layers: Optional[bool] = None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, value in (("num_train_epochs", epochs), ("learning_rate", lr),
-                        ("per_device_train_batch_size", batch_size), ("gradient_accumulation_steps", grad_accum),
-                        ("max_steps", max_steps), ("lora_r", lora_r)):
-        if value is not None:
-            out[name] = value
-    if lora_r is not None:
-        out["lora_alpha"] = 2 * lora_r
-    if full_finetune:
-        out["full_finetune"] = True
-    if compile_layers is not None:
-        out["compile_layers"] = compile_layers
-    return out
 
 
 def _warn_truncated(build: Any, max_length: int) -> None:
@@ -158,7 +145,35 @@ def _weights(spec: str) -> Path:
         _fail(str(exc))
 
 
-def _collect(model: str, run_dir: Path, collection: Any, backend: Any) -> None:
+def _training_data(collection: Collection, trajectories: list[Path], model: str, out: Path,
+                   build: Callable[..., Built], trained: str, max_length: int,
+                   backend: tuple[str, Optional[str], float]) -> tuple[list[Any], Built, Path]:
+    """`train rft` and `train kto` alike: collect with `model` (or take the given trajectories),
+    render them with `build` (`steps.sft_data`, `steps.kto_data`) and the tokenizer of the
+    model being `trained`, save the data; returns the trajectories, the `steps.Built` data and
+    the trained model's weights."""
+    from toolself.train.data import save_dataset
+    from toolself.train.steps import load_sources
+
+    if not collection.tasks and not trajectories:
+        _fail("give --tasks to collect, or --trajectories")
+    weights = _weights(trained)
+    if collection.tasks and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _fail("under accelerate launch, collect first in a single process (`toolself eval ... --split train "
+              "--repeats K`, see docs/training.md) and pass the folder with --trajectories")
+    sources = list(trajectories)
+    if collection.tasks:
+        _collect(model, out / "collect", collection, _backend(*backend))
+        sources.append(out / "collect")
+    found, schemas = load_sources(sources)
+    built = build(found, schemas, weights, max_length)
+    _warn_truncated(built.build, max_length)
+    if _main_process():
+        save_dataset(built.dataset, out / "data", built.info)
+    return found, built, weights
+
+
+def _collect(model: str, run_dir: Path, collection: Collection, backend: Any) -> None:
     from toolself.models.spec import ModelSpec
     from toolself.train.steps import collect_attempts
 
@@ -181,7 +196,7 @@ def _backend(backend: str, address: Optional[str], ray_cpus: float) -> Any:
 
 
 def _collection(tasks: list[str], student: str, samples: int, limit: Optional[int], temperature: float,
-                seed: int, concurrency: int, timeout: float, context_budget: Optional[int]) -> Any:
+                seed: int, concurrency: int, timeout: float, context_budget: Optional[int]) -> Collection:
     """How `train rft` and `train kto` collect: under the budgets of the model being trained."""
     from toolself.models.spec import ModelSpec
     from toolself.train.steps import Collection, agent_budgets
@@ -197,6 +212,7 @@ def _collection(tasks: list[str], student: str, samples: int, limit: Optional[in
 
 @train_app.command()
 @say_how_to_resume
+@stage_options(RFTOptions)
 def rft(
     tasks: list[str] = typer.Option([], "--tasks", "-t", help=TASKS_HELP),
     teacher: str = typer.Option("expert", help="expert (built-in suites) | embedded | local:DIR | openai:NAME@URL."),
@@ -213,54 +229,27 @@ def rft(
     context_budget: Optional[int] = typer.Option(None, min=1, help="Visible-context budget (default: the student's)."),
     max_length: int = typer.Option(16384, min=16, help="Longest training sequence in tokens; a longer example is "
                                    "cut from the left, with a warning that says how many were."),
-    epochs: Optional[float] = typer.Option(None, min=0, help="Passes over the data (default: 2)."),
-    lr: Optional[float] = typer.Option(None, min=0, help="AdamW learning rate (default: 0.0002)."),
-    batch_size: Optional[int] = typer.Option(None, min=1, help="Sequences per device and micro-step (default: 2)."),
-    grad_accum: Optional[int] = typer.Option(None, min=1, help="Micro-steps per optimizer step (default: 4)."),
-    max_steps: Optional[int] = typer.Option(None, min=1, help="Stop after this many optimizer steps (default: -1, "
-                                            "the epochs decide)."),
-    lora_r: Optional[int] = typer.Option(None, min=1, help="LoRA rank; alpha follows as 2r (default: 16)."),
-    full_finetune: bool = typer.Option(False, help="Train all weights instead of a LoRA adapter."),
-    compile_layers: Optional[bool] = typer.Option(
-        None, "--compile-layers/--eager-layers",
-        help="Compile the decoder layers with torch.compile (faster steps after a compile of tens of "
-             "seconds; docs/notes/2026-12-03-compiled-decoder-layers.md). Default: on for a CPU with a C++ compiler."),
     resume: bool = typer.Option(True, help="Rerunning the command resumes: the collection keeps its finished "
                                            "attempts, training its last checkpoint in OUT/checkpoints."),
     backend: str = typer.Option("local", help="Where collection attempts run: local | ray."),
     address: Optional[str] = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001)."),
     ray_cpus: float = typer.Option(1.0, min=0.01, help="Ray CPUs each attempt holds."),
+    training: RFTOptions = RFTOptions(),
 ) -> None:
     """Stage I: K teacher attempts per task, keep the successful ones, fine-tune the student."""
-    from toolself.train.data import save_dataset
     from toolself.train.rft_config import RFTConfig
-    from toolself.train.steps import load_sources, sft_data, train_rft_step
+    from toolself.train.steps import sft_data, train_rft_step
 
-    specs = _split(tasks)
-    if not specs and not trajectories:
-        _fail("give --tasks to collect, or --trajectories")
-    student_path = _weights(student)
-    if specs and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        _fail("under accelerate launch, collect first in a single process (`toolself eval ... --split train "
-              "--repeats K`, see docs/training.md) and pass the folder with --trajectories")
-    sources = list(trajectories)
-    if specs:
-        run_dir = out / "collect"
-        _collect(teacher, run_dir, _collection(specs, student, samples, limit, temperature, seed, concurrency,
-                                               timeout, context_budget), _backend(backend, address, ray_cpus))
-        sources.append(run_dir)
-    found, schemas = load_sources(sources)
-    built = sft_data(found, schemas, student_path, max_length)
+    collection = _collection(_split(tasks), student, samples, limit, temperature, seed, concurrency, timeout,
+                             context_budget)
+    found, built, student_path = _training_data(collection, trajectories, teacher, out, sft_data, student,
+                                                max_length, (backend, address, ray_cpus))
     dataset, build = built.dataset, built.build
-    _warn_truncated(build, max_length)
-    if _main_process():
-        save_dataset(dataset, out / "data", built.info)
     _print_stats(f"RFT data: {build.trajectories} successful of {len(found)} attempts", built.info)
     if len(dataset) == 0:
         _fail("no successful trajectory: nothing to fine-tune on")
     config = RFTConfig(output_dir=str(out / "checkpoints"), max_length=max_length, seed=seed,
-                       **_train_kwargs(epochs, lr, batch_size, grad_accum, max_steps, lora_r, full_finetune,
-                                       compile_layers))
+                       **dataclasses.asdict(training))
     result, png = train_rft_step(dataset, student_path, out, config, resume=resume)
     if not _main_process():
         return
@@ -270,6 +259,7 @@ def rft(
 
 @train_app.command()
 @say_how_to_resume
+@stage_options(KTOOptions)
 def kto(
     policy: Path = typer.Option(..., help="The RFT adapter (or a model directory) to improve."),
     tasks: list[str] = typer.Option([], "--tasks", "-t", help=TASKS_HELP),
@@ -284,55 +274,28 @@ def kto(
     context_budget: Optional[int] = typer.Option(None, min=1, help="Visible-context budget (default: the policy's)."),
     max_length: int = typer.Option(16384, min=16, help="Longest prompt + completion in tokens; a longer example is "
                                    "cut from the left, with a warning that says how many were."),
-    beta: Optional[float] = typer.Option(None, min=0, help="KTO's beta: how far the policy may move from the RFT "
-                                         "model (default: 0.1)."),
-    epochs: Optional[float] = typer.Option(None, min=0, help="Passes over the data (default: 1.0)."),
-    lr: Optional[float] = typer.Option(None, min=0, help="AdamW learning rate (default: 5e-05)."),
-    batch_size: Optional[int] = typer.Option(None, min=2, help="Examples per device and micro-step; at least 2 "
-                                             "(default: 4)."),
-    grad_accum: Optional[int] = typer.Option(None, min=1, help="Micro-steps per optimizer step (default: 2)."),
-    max_steps: Optional[int] = typer.Option(None, min=1, help="Stop after this many optimizer steps (default: -1, "
-                                            "the epochs decide)."),
-    lora_r: Optional[int] = typer.Option(None, min=1, help="LoRA rank; alpha follows as 2r (default: 16)."),
-    full_finetune: bool = typer.Option(False, help="Train all weights instead of a LoRA adapter."),
     resume: bool = typer.Option(True, help="Rerunning the command resumes: the collection keeps its finished "
                                            "attempts, training its last checkpoint in OUT/checkpoints."),
     backend: str = typer.Option("local", help="Where collection attempts run: local | ray."),
     address: Optional[str] = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001)."),
     ray_cpus: float = typer.Option(1.0, min=0.01, help="Ray CPUs each attempt holds."),
+    training: KTOOptions = KTOOptions(),
 ) -> None:
     """Stage II: on-policy attempts labelled by outcome; every decision gets its attempt's label."""
-    from toolself.train.data import save_dataset
     from toolself.train.kto_config import CATKTOConfig
-    from toolself.train.steps import kto_data, load_sources, train_kto_step
+    from toolself.train.steps import kto_data, train_kto_step
 
-    specs = _split(tasks)
-    if not specs and not trajectories:
-        _fail("give --tasks to collect, or --trajectories")
     if not ((policy / "adapter_config.json").is_file() or (policy / "config.json").is_file()):
         _fail(f"{policy} is neither an adapter nor a model directory")
-    if specs and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        _fail("under accelerate launch, collect first in a single process (`toolself eval ... --split train "
-              "--repeats K`, see docs/training.md) and pass the folder with --trajectories")
-    sources = list(trajectories)
-    if specs:
-        run_dir = out / "collect"
-        _collect(f"local:{policy}", run_dir, _collection(specs, f"local:{policy}", samples, limit, temperature,
-                                                         seed, concurrency, timeout, context_budget),
-                 _backend(backend, address, ray_cpus))
-        sources.append(run_dir)
-    found, schemas = load_sources(sources)
-    built = kto_data(found, schemas, policy, max_length)
-    dataset, build = built.dataset, built.build
-    _warn_truncated(build, max_length)
-    if _main_process():
-        save_dataset(dataset, out / "data", built.info)
-    _print_stats(f"KTO data from {build.trajectories} attempts", built.info)
-    kwargs = _train_kwargs(epochs, lr, batch_size, grad_accum, max_steps, lora_r, full_finetune)
-    if beta is not None:
-        kwargs["beta"] = beta
+    collection = _collection(_split(tasks), f"local:{policy}", samples, limit, temperature, seed, concurrency,
+                             timeout, context_budget)
+    _, built, _ = _training_data(collection, trajectories, f"local:{policy}", out, kto_data, f"local:{policy}",
+                                 max_length, (backend, address, ray_cpus))
+    dataset = built.dataset
+    _print_stats(f"KTO data from {built.build.trajectories} attempts", built.info)
     try:
-        config = CATKTOConfig(output_dir=str(out / "checkpoints"), max_length=max_length, seed=seed, **kwargs)
+        config = CATKTOConfig(output_dir=str(out / "checkpoints"), max_length=max_length, seed=seed,
+                              **dataclasses.asdict(training))
     except ValueError as exc:
         _fail(str(exc))
     result, png = train_kto_step(dataset, policy, out, config, resume=resume)

@@ -1,7 +1,7 @@
 """Configuration of CAT stage II: trajectory-level KTO (TRL's `KTOConfig` + LoRA).
 
-Every `TrainingArguments` / `KTOConfig` field is available; the defaults below are the ones
-that differ, each with why.
+Every `TrainingArguments` / `KTOConfig` field is available; the defaults below and in
+`stage_options.KTOOptions` (the ones the command line offers) are those that differ, each with why.
 """
 
 from __future__ import annotations
@@ -12,36 +12,18 @@ from typing import Any
 from trl import KTOConfig as _TRLKTOConfig
 
 from toolself.train.kernels import KernelArguments
-from toolself.train.lora import LoraArguments, accelerator_defaults
+from toolself.train.lora import accelerator_defaults
+from toolself.train.stage_options import KTOOptions
 
 
 @dataclass
-class CATKTOConfig(_TRLKTOConfig, LoraArguments, KernelArguments):
-    learning_rate: float = field(
-        default=5e-5,
-        metadata={"help": "AdamW learning rate. TRL's 1e-6 default is for full fine-tuning; a fresh LoRA adapter "
-                          "needs a larger rate to move at all, and 5e-5 keeps KTO's KL term small. Use ~5e-7 to "
-                          "5e-6 with --full-finetune."},
-    )
-    beta: float = field(
-        default=0.1,
-        metadata={"help": "KTO's beta: how far the policy may move from the reference (the RFT model). 0.1 is the "
-                          "KTO paper's default."},
-    )
+class CATKTOConfig(KTOOptions, _TRLKTOConfig, KernelArguments):
     balance_weights: bool = field(
         default=True,
         metadata={"help": "Set desirable_weight / undesirable_weight from the label counts so that "
                           "desirable_weight * n_desirable / (undesirable_weight * n_undesirable) lies in [1, 4/3] "
                           "(KTO paper, Eq. 8): successes are usually the minority."},
     )
-    per_device_train_batch_size: int = field(
-        default=4,
-        metadata={"help": "Decisions per device and micro-step. At least 2: KTO estimates its KL reference point "
-                          "from mismatched pairs within a micro-batch."},
-    )
-    gradient_accumulation_steps: int = field(
-        default=2, metadata={"help": "Micro-steps per optimizer step: an effective batch of 8 decisions per device."})
-    num_train_epochs: float = field(default=1.0, metadata={"help": "Passes over the decisions."})
     max_length: int | None = field(
         default=16384,
         metadata={"help": "Longest prompt + completion in tokens (TRL's 1024 is far too short for trajectories). "
@@ -63,12 +45,6 @@ class CATKTOConfig(_TRLKTOConfig, LoraArguments, KernelArguments):
         default=None,
         metadata={"help": "Liger's fused RMSNorm / RoPE / SwiGLU kernels (Triton). Default (None): on on a CUDA GPU "
                           "when liger-kernel is installed (pip install liger-kernel), off elsewhere."})
-    compile_layers: bool | None = field(
-        default=False,
-        metadata={"help": "Compile each decoder layer with torch.compile. Off for KTO: its reference pass (no "
-                          "gradients, adapter off) compiles to other kernels than the policy's pass, whose bf16 "
-                          "roundings then differ, so a fresh adapter starts with a log-ratio that is not zero; and "
-                          "a KTO run of a few minutes spends what compiling saves on compiling its variants."})
 
     def __post_init__(self) -> None:
         if self.loss_type != "apo_zero_unpaired" and self.per_device_train_batch_size < 2:

@@ -1,7 +1,7 @@
 """Configuration of CAT stage I: rejection-sampling fine-tuning (TRL's `SFTConfig` + LoRA).
 
-Every `TrainingArguments` / `SFTConfig` field is available; the defaults below are the ones
-that differ, each with why.
+Every `TrainingArguments` / `SFTConfig` field is available; the defaults below and in
+`stage_options.RFTOptions` (the ones the command line offers) are those that differ, each with why.
 """
 
 from __future__ import annotations
@@ -12,25 +12,12 @@ from typing import Any
 from trl import SFTConfig
 
 from toolself.train.kernels import KernelArguments
-from toolself.train.lora import LoraArguments, accelerator_defaults
+from toolself.train.lora import accelerator_defaults
+from toolself.train.stage_options import RFTOptions
 
 
 @dataclass
-class RFTConfig(SFTConfig, LoraArguments, KernelArguments):
-    learning_rate: float = field(
-        default=2e-4,
-        metadata={"help": "AdamW learning rate. 2e-4 is the usual LoRA SFT rate (LoRA updates start at zero and "
-                          "need a rate ~10x a full fine-tune's); use ~1e-5 with --full-finetune."},
-    )
-    num_train_epochs: float = field(
-        default=2.0,
-        metadata={"help": "Passes over the successful trajectories. Rejection sampling yields few of them; two "
-                          "passes fit them without memorising single tasks."},
-    )
-    per_device_train_batch_size: int = field(
-        default=2, metadata={"help": "Sequences per device and micro-step (trajectory sequences are long)."})
-    gradient_accumulation_steps: int = field(
-        default=4, metadata={"help": "Micro-steps per optimizer step: an effective batch of 8 sequences per device."})
+class RFTConfig(RFTOptions, SFTConfig, KernelArguments):
     max_length: int | None = field(
         default=16384,
         metadata={"help": "Longest training sequence in tokens. The data builder cuts a longer decision from the "
