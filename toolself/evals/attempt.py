@@ -17,6 +17,9 @@ from typing import Any, Callable
 
 from toolself.agent import Agent, AgentSettings, Observer
 from toolself.evals.records import AttemptKey, AttemptRecord
+from toolself.evals.judge import LLMJudge
+from toolself.evals.scorers import score
+from toolself.evals.teacher import ExpertTeacher
 from toolself.models.spec import ModelSpec
 from toolself.trajectory import Stage, Trajectory
 
@@ -64,16 +67,12 @@ class AttemptModels:
             return built
 
         if isinstance(self.model, ModelSpec) and self.model.kind == "expert":
-            from toolself.evals.teacher import ExpertTeacher
-
             policy_for: Callable[[Any], Any] = ExpertTeacher.for_task
         else:
             shared = load(self.model, **self.options)
             policy_for = lambda task: shared  # noqa: E731
         judge = self.judge
         if isinstance(judge, ModelSpec):
-            from toolself.evals.scorers import LLMJudge
-
             judge = LLMJudge(load(judge))
         return BuiltModels(policy_for, load(self.config_model), judge, owned)
 
@@ -136,8 +135,6 @@ def run_attempt(env: AttemptEnv, job: Job, cancel: threading.Event,
                 live: list[Trajectory]) -> tuple[AttemptRecord, str | None]:
     """One attempt in its own environment, scored before the environment closes (code tasks
     run their tests in the workspace). Never raises: a crash is an `error` record."""
-    from toolself.evals.scorers import score
-
     started = time.monotonic()
     task = job.task
     trajectory: Trajectory | None = None

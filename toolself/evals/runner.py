@@ -45,6 +45,7 @@ from toolself.agent import AgentSettings
 from toolself.evals.attempt import AttemptModels, Job, as_model, fill_from_trajectory
 from toolself.evals.backends import Backend, make_backend
 from toolself.evals.judge import LLMJudge
+from toolself.evals.loaders import load_tasks
 from toolself.evals.progress import EvalProgress
 from toolself.evals.records import (
     AttemptKey,
@@ -55,10 +56,12 @@ from toolself.evals.records import (
     safe_name,
 )
 from toolself.evals.report import RUN_FILE, Table, aggregate
+from toolself.evals.suites.common import suite_key_id
 from toolself.models.base import ChatModel
 from toolself.models.spec import ModelSpec
 from toolself.tools.base import ToolPool
 from toolself.trajectory import Trajectory
+from toolself.variants import settings_for
 
 RUN_FORMAT = 1
 
@@ -128,16 +131,12 @@ class EvalRun:
                    model_options=dict(model_options or {}), **fields)
 
     def settings(self, method: str) -> AgentSettings:
-        from toolself.variants import settings_for
-
         return settings_for(method, self.freeze, time_limit=self.timeout, **self.agent)
 
     def models(self) -> AttemptModels:
         return AttemptModels(self.model, self.config_model, self.judge, self.model_options)
 
     def identity(self) -> dict[str, Any]:
-        from toolself.evals.suites.common import suite_key_id
-
         # the built-in suites' key decides which tasks an id names (see `suites.common`)
         return {"model": _name(self.model), "config_model": _name(self.config_model), "judge": _name(self.judge),
                 "split": self.split, "seed": self.seed, "suite_key": suite_key_id(), "timeout": self.timeout,
@@ -230,7 +229,7 @@ def evaluate(tasks: Sequence[str], methods: Sequence[str], run: EvalRun, out: Pa
     timeout = run.timeout
     grace = max(5.0, 0.25 * timeout) if grace is None and timeout else (grace or 0.0)
 
-    loader = loader or _default_loader
+    loader = loader or load_tasks
     datasets: dict[str, list[Any]] = {}
     for spec in tasks:
         loaded = loader(spec, split=run.split, limit=limit, seed=run.seed)
@@ -434,12 +433,6 @@ def _missing(stores: dict[str, MethodStore], datasets: dict[str, list[Any]], met
     return [Job(AttemptKey(spec, task.id, m, repeat), task, method_settings[m])
             for repeat in range(repeats) for spec, spec_tasks in datasets.items() for task in spec_tasks
             for m in methods if not stores[m].done(AttemptKey(spec, task.id, m, repeat))]
-
-
-def _default_loader(spec: str, split: str, limit: int | None, seed: int) -> list[Any]:
-    from toolself.evals.loaders import load_tasks
-
-    return load_tasks(spec, split=split, limit=limit, seed=seed)
 
 
 def _next_deadline(running: dict[str, _Running], timeout: float | None, grace: float) -> float | None:

@@ -16,8 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from toolself.evals.records import TRAJECTORIES, read_records, safe_name
+from toolself.evals.runner import run_eval
 from toolself.models.spec import ModelSpec
-from toolself.trajectory import Trajectory
+from toolself.tools.registry import default_pool
+from toolself.train.data import tool_schemas
+from toolself.trajectory import Trajectory, read_jsonl
 
 TOOLS_FILE = "tools.json"
 METHOD = "toolself"
@@ -46,10 +50,6 @@ def collect(tasks: Sequence[str], model: Any, out: str | Path, samples: int, *, 
     the static-configuration control) into the runner folder `out`; rerunning resumes it.
     backend: where the attempts run (`local`, `ray`, a runner Backend); judge: the judge of
     free-text answers (a spec or an LLMJudge), whose verdicts label the trajectories."""
-    from toolself.evals.runner import run_eval
-    from toolself.tools.registry import default_pool
-    from toolself.train.data import tool_schemas
-
     model = ModelSpec.parse(model) if isinstance(model, str) else model
     out = Path(out)
     pool = pool if pool is not None else default_pool()
@@ -69,9 +69,6 @@ def labelled_trajectories(run_dir: str | Path, method: str = METHOD, include_err
     """The trajectories of a runner folder with their verdicts attached. Attempts that crashed
     (status `error`: the environment, the model server or the scorer failed) say nothing about
     the policy and are left out unless `include_errors`."""
-    from toolself.evals.records import TRAJECTORIES, read_records, safe_name
-    from toolself.trajectory import read_jsonl
-
     folder = Path(run_dir) / safe_name(method)
     records = {r.trajectory_id: r for r in read_records(folder) if r.trajectory_id}
     out = []
@@ -95,8 +92,6 @@ def saved_schemas(run_dir: str | Path) -> dict[str, dict[str, Any]] | None:
 def load_any(source: str | Path, method: str = METHOD) -> tuple[list[Trajectory], dict[str, dict[str, Any]] | None]:
     """Trajectories from a runner folder (labelled from its records) or a JSONL file (labelled
     by its own `metadata`), with the tool schemas saved beside them when there are some."""
-    from toolself.trajectory import read_jsonl
-
     source = Path(source)
     if source.is_dir():
         return labelled_trajectories(source, method), saved_schemas(source)

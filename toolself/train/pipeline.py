@@ -28,7 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from toolself.evals.runner import run_eval
 from toolself.models.spec import ModelSpec
+from toolself.tools.options import ToolOptions
 from toolself.train.data import load_dataset_dir, save_dataset
 from toolself.train.steps import (
     Collection,
@@ -40,6 +42,7 @@ from toolself.train.steps import (
     train_kto_step,
     train_rft_step,
 )
+from toolself.variants import settings_for
 
 STEPS = ("collect_teacher", "data_sft", "rft", "collect_policy", "data_kto", "kto", "evaluate")
 STATE_FILE = "state.json"
@@ -74,8 +77,6 @@ class CATSettings:
     tools: dict[str, Any] = field(default_factory=dict)  # `ToolOptions.to_dict()`; empty: the default pool
 
     def __post_init__(self) -> None:
-        from toolself.variants import settings_for
-
         settings_for(self.method)  # an unknown method or student fails here, before any work
         self.student_model()
         self.evaluate = tuple(self.evaluate)
@@ -143,21 +144,17 @@ def student_spec(settings: CATSettings) -> str:
     return settings.student_model().text
 
 
-def tool_options(settings: CATSettings, out: Path) -> Any:
+def tool_options(settings: CATSettings, out: Path) -> ToolOptions | None:
     """The run's tool options (search, visit, judge, pool), with web answers cached in `out`;
     None when the run takes the defaults."""
     if not settings.tools:
         return None
-    from toolself.tools.options import ToolOptions
-
     return ToolOptions.from_dict(settings.tools).with_cache(Path(out) / "web_cache")
 
 
 def evaluate(settings: CATSettings, model: str, out: Path, backend: Any = "local") -> Any:
     """One model on the held-out split, run as every evaluation of a CAT run is; returns the
     runner's summary."""
-    from toolself.evals.runner import run_eval
-
     options = tool_options(settings, out)
     pool = options.pool() if options else None
     try:

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 from toolself.models.spec import ModelSpec
 from toolself.train import data as D
 from toolself.train.collect import CollectResult, collect, load_any
+from toolself.train.merge import adapter_base
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,6 @@ def tokenizer(weights: Path) -> Any:
     """The tokenizer whose chat template renders the data: the model's, or for an adapter saved
     without one, its base model's."""
     from transformers import AutoTokenizer
-
-    from toolself.train.merge import adapter_base
 
     if (weights / "adapter_config.json").is_file() and not (weights / "tokenizer_config.json").is_file():
         weights = adapter_base(weights)
