@@ -47,6 +47,17 @@ def internal_imports(path: Path, name: str, modules: set[str]) -> set[str]:
     return found
 
 
+def private_imports(package: Path = PACKAGE) -> list[str]:
+    """`module: name` for every `_name` a module of the package takes from another one."""
+    found = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(package.name)):
+                found += [f"{module_name(path, package)}: {alias.name}" for alias in node.names
+                          if alias.name.startswith("_") and not alias.name.startswith("__")]
+    return sorted(found)
+
+
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     paths = {module_name(p, package): p for p in package.rglob("*.py")}
     return {name: internal_imports(path, name, set(paths)) for name, path in paths.items()}
@@ -77,6 +88,16 @@ def test_no_module_of_the_library_imports_the_command_line():
     importers = sorted(name for name, imports in import_graph().items()
                        if "toolself.cli" in imports and name not in ENTRY_POINTS)
     assert importers == []
+
+
+def test_no_module_takes_another_modules_private_names():
+    assert private_imports() == []
+
+
+def test_a_private_name_taken_from_another_module_is_found(tmp_path):
+    package = write_package(tmp_path, {"__init__.py": "", "runner.py": "def _run(): pass\n",
+                                       "backends.py": "def f():\n    from toolself.runner import _run\n"})
+    assert private_imports(package) == ["toolself.backends: _run"]
 
 
 def test_a_cycle_closed_by_an_import_inside_a_function_is_found(tmp_path):

@@ -92,10 +92,10 @@ class RoundRobinModel:
 
     @classmethod
     def from_spec(cls, spec: str, **options: Any) -> "RoundRobinModel":
-        from toolself.models.openai_compat import OpenAIModel, _env_api_key
+        from toolself.models.openai_compat import OpenAIModel, env_api_key
 
         name, endpoints = parse_endpoints(spec)
-        key = _env_api_key()
+        key = env_api_key()
         return cls([OpenAIModel(name, e.url, key, **options) for e in endpoints], [e.limit for e in endpoints])
 
     def __repr__(self) -> str:

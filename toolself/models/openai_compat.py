@@ -55,7 +55,7 @@ class ModelSpec:
         return OpenAIModel(self.model, self.base_url, self.api_key, **options)
 
 
-def _env_api_key() -> str:
+def env_api_key() -> str:
     return os.environ.get("TOOLSELF_API_KEY") or os.environ.get("OPENAI_API_KEY") or DEFAULT_API_KEY
 
 
@@ -90,7 +90,7 @@ def parse_spec(spec: str) -> ModelSpec:
             raise ValueError(f"OPENAI_BASE_URL={url!r} must be an http:// or https:// URL")
     if not name:
         raise ValueError(f"model spec {spec!r} has no model name: expected openai:NAME@URL")
-    return ModelSpec(model=name, base_url=url.rstrip("/"), api_key=_env_api_key())
+    return ModelSpec(model=name, base_url=url.rstrip("/"), api_key=env_api_key())
 
 
 def parse_retry_after(headers: Any) -> float | None:
@@ -181,7 +181,7 @@ class OpenAIModel:
             raise ValueError("max_retries must be >= 0")
         self.model = model
         self.base_url = base_url.rstrip("/")
-        self.api_key = api_key or _env_api_key()
+        self.api_key = api_key or env_api_key()
         self.name = f"openai:{model}"
         self.tool_protocol: ToolProtocol = tool_protocol
         self.timeout = timeout

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from toolself.tools.base import Tool, ToolContext, ToolError, tool
 from toolself.tools.sandbox import LIMITS_PRELUDE, SandboxedProcess, SandboxUser, limits_for
-from toolself.tools.visit import _Visit, extract_evidence, paginate
+from toolself.tools.visit import Visit, extract_evidence, paginate
 from toolself.tools.web.settings import WebSettings
 from toolself.tools.workspace import Workspace, kind_of
 
@@ -195,7 +195,7 @@ GOAL_READ_CHARS = 100_000
 @dataclass
 class _GoalFiles:
     max_chars: int = GOAL_READ_CHARS
-    reader: _Visit = field(default_factory=_Visit)
+    reader: Visit = field(default_factory=Visit)
 
     def file_analyzer(self, path: str, goal: str, ctx: ToolContext) -> str:
         """Analyse a file of the workspace (PDF, DOCX, XLSX, PPTX, CSV, HTML, JSON or text) for a goal.
@@ -217,4 +217,4 @@ def goal_file_analyzer(max_chars: int = GOAL_READ_CHARS, settings: WebSettings |
     `max_chars` characters of its text go to the text model `visit` summarises with (the run's
     `--visit-model`, else the attempt's model), which extracts the evidence for the goal as
     `visit` does (`visit.extract_evidence`); without a model, the first page."""
-    return Tool(_GoalFiles(max_chars, _Visit(settings)).file_analyzer)
+    return Tool(_GoalFiles(max_chars, Visit(settings)).file_analyzer)

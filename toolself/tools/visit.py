@@ -167,7 +167,7 @@ def extract_evidence(model, goal: str, source: str, text: str) -> str:
 
 
 @dataclass
-class _Visit:
+class Visit:
     """The tool's state: its settings, and the summariser built from them on first use (not
     pickled: a worker builds its own)."""
 
@@ -262,13 +262,13 @@ class _Visit:
 
 def goal_visit_tool(settings: WebSettings | None, docs: Path | None = None, max_chars: int = GOAL_READ_CHARS) -> Tool:
     """`visit` in the authors' form (see the module docs), reading up to `max_chars` of each page."""
-    return Tool(_Visit(settings, docs, max_chars).read_for_goal, name="visit")
+    return Tool(Visit(settings, docs, max_chars).read_for_goal, name="visit")
 
 
 def visit_tool(settings: WebSettings | None, docs: Path | None = None) -> Tool:
     """`visit` bound to `settings` (None: read from the environment at each call) and to the
     run's document collection `docs` for tasks that have none of their own."""
-    return Tool(_Visit(settings, docs).visit)
+    return Tool(Visit(settings, docs).visit)
 
 
 visit = visit_tool(None)

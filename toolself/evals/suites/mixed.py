@@ -21,7 +21,7 @@ from toolself.evals.suites.common import (
     split_part,
 )
 from toolself.evals.suites.data import READ_SALES, csv_text
-from toolself.evals.suites.research import NOUN_PHRASES, World, _start_phrase, build_world, sample_chain
+from toolself.evals.suites.research import NOUN_PHRASES, World, build_world, sample_chain, start_phrase
 from toolself.evals.task import Task
 
 
@@ -57,7 +57,7 @@ class TestConfig(unittest.TestCase):
 
 
 def _phrase(world: World, chain: list[dict[str, str]]) -> str:
-    phrase = _start_phrase(world.entities[chain[0]["entity"]])
+    phrase = start_phrase(world.entities[chain[0]["entity"]])
     for step in chain:
         if step["relation"] in NOUN_PHRASES:
             phrase = NOUN_PHRASES[step["relation"]].format(x=phrase)
@@ -137,7 +137,7 @@ def generate(split: str, n: int | None = None, seed: int = 0, **knobs: Any) -> l
                      for i in range(rows)]
             files = {"contracts.csv": csv_text(["contract_id", "product", "year", "units"], table)}
             answer = sum(1 for r in table if r[2] > year)
-            subject = _phrase(world, chain[:-1]) if len(chain) > 1 else _start_phrase(world.entities[chain[0]["entity"]])
+            subject = _phrase(world, chain[:-1]) if len(chain) > 1 else start_phrase(world.entities[chain[0]["entity"]])
             question = (f"How many contracts in contracts.csv were signed after the year in which {subject} was "
                         f"founded? Answer with a number.")
             code = ("import csv\nrows = list(csv.DictReader(open('contracts.csv', newline='')))\n"

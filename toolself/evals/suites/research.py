@@ -197,7 +197,7 @@ def _entry(e: Entity, entities: dict[str, Entity]) -> str:
     return text
 
 
-def _start_phrase(e: Entity) -> str:
+def start_phrase(e: Entity) -> str:
     if e.kind == "work":
         return f'the book "{e.name}"'
     if e.kind == "org":
@@ -240,7 +240,7 @@ def sample_chain(world: World, rng: random.Random, hops: int, end_kinds: tuple[s
 
 
 def chain_question(world: World, chain: list[dict[str, str]]) -> str:
-    phrase = _start_phrase(world.entities[chain[0]["entity"]])
+    phrase = start_phrase(world.entities[chain[0]["entity"]])
     for step in chain[:-1]:
         phrase = NOUN_PHRASES[step["relation"]].format(x=phrase)
     question = FINAL_QUESTIONS[chain[-1]["relation"]].format(x=phrase)
