@@ -117,11 +117,10 @@ def run(
         writer_spec = ModelSpec.parse(config_model) if config_model else None
     except ValueError as exc:
         _fail(str(exc))
-    defaults = model_defaults(spec)
+    budgets = {**model_defaults(spec).settings(), **({"context_budget": context_budget} if context_budget else {})}
     try:
         overrides = dict(max_stages=max_stages, max_steps_per_stage=max_steps, max_total_tokens=max_tokens,
-                         time_limit=timeout, context_budget=context_budget or defaults.context_budget,
-                         config_max_text=defaults.config_max_text, max_tokens_per_call=defaults.max_tokens_per_call)
+                         time_limit=timeout, **budgets)
         if run_preset is not None:
             overrides.update(run_preset.settings(), time_limit=run_preset.timeout)
         settings = settings_for(method, tuple(freeze), **overrides)

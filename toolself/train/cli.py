@@ -27,6 +27,16 @@ train_app = typer.Typer(help="CAT training: RFT on a teacher's successes, then t
 console = Console()
 
 TASKS_HELP = "Task specs, comma-separated or repeated (builtin:research, gaia:PATH, jsonl:PATH, ...)."
+# The options `train rft` and `train kto` share.
+LIMIT = typer.Option(None, min=1, help="At most this many tasks per spec (default: all).")
+SEED = typer.Option(0, help="Seed of the built-in suites, of sampling and of training.")
+CONCURRENCY = typer.Option(4, min=1, help="Attempts in flight during collection.")
+TIMEOUT = typer.Option(600.0, min=1, help="Wall-clock limit per attempt, in seconds.")
+RESUME = typer.Option(True, help="Rerunning the command resumes: the collection keeps its finished attempts, "
+                                 "training its last checkpoint in OUT/checkpoints.")
+BACKEND = typer.Option("local", help="Where collection attempts run: local | ray.")
+ADDRESS = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001).")
+RAY_CPUS = typer.Option(1.0, min=0.01, help="Ray CPUs each attempt holds.")
 
 
 def _main_process() -> bool:
@@ -221,19 +231,18 @@ def rft(
     out: Path = typer.Option(..., "--out", "-o", help="Output folder: the adapter, collect/, data/, logs, curves."),
     trajectories: list[Path] = typer.Option([], help="Use these trajectories (JSONL / runner folders) instead of "
                                                      "collecting."),
-    limit: Optional[int] = typer.Option(None, min=1, help="At most this many tasks per spec (default: all)."),
+    limit: Optional[int] = LIMIT,
     temperature: float = typer.Option(0.7, min=0, help="Teacher sampling temperature (for model teachers)."),
-    seed: int = typer.Option(0, help="Seed of the built-in suites, of sampling and of training."),
-    concurrency: int = typer.Option(4, min=1, help="Attempts in flight during collection."),
-    timeout: float = typer.Option(600.0, min=1, help="Wall-clock limit per attempt, in seconds."),
+    seed: int = SEED,
+    concurrency: int = CONCURRENCY,
+    timeout: float = TIMEOUT,
     context_budget: Optional[int] = typer.Option(None, min=1, help="Visible-context budget (default: the student's)."),
     max_length: int = typer.Option(16384, min=16, help="Longest training sequence in tokens; a longer example is "
                                    "cut from the left, with a warning that says how many were."),
-    resume: bool = typer.Option(True, help="Rerunning the command resumes: the collection keeps its finished "
-                                           "attempts, training its last checkpoint in OUT/checkpoints."),
-    backend: str = typer.Option("local", help="Where collection attempts run: local | ray."),
-    address: Optional[str] = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001)."),
-    ray_cpus: float = typer.Option(1.0, min=0.01, help="Ray CPUs each attempt holds."),
+    resume: bool = RESUME,
+    backend: str = BACKEND,
+    address: Optional[str] = ADDRESS,
+    ray_cpus: float = RAY_CPUS,
     training: RFTOptions = RFTOptions(),
 ) -> None:
     """Stage I: K teacher attempts per task, keep the successful ones, fine-tune the student."""
@@ -266,19 +275,18 @@ def kto(
     samples: int = typer.Option(4, help="On-policy attempts per task (K)."),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder: the adapter, base/, collect/, data/, logs."),
     trajectories: list[Path] = typer.Option([], help="Use these labelled trajectories instead of collecting."),
-    limit: Optional[int] = typer.Option(None, min=1, help="At most this many tasks per spec (default: all)."),
+    limit: Optional[int] = LIMIT,
     temperature: float = typer.Option(0.7, min=0, help="Sampling temperature of the on-policy attempts."),
-    seed: int = typer.Option(0, help="Seed of the built-in suites, of sampling and of training."),
-    concurrency: int = typer.Option(4, min=1, help="Attempts in flight during collection."),
-    timeout: float = typer.Option(600.0, min=1, help="Wall-clock limit per attempt, in seconds."),
+    seed: int = SEED,
+    concurrency: int = CONCURRENCY,
+    timeout: float = TIMEOUT,
     context_budget: Optional[int] = typer.Option(None, min=1, help="Visible-context budget (default: the policy's)."),
     max_length: int = typer.Option(16384, min=16, help="Longest prompt + completion in tokens; a longer example is "
                                    "cut from the left, with a warning that says how many were."),
-    resume: bool = typer.Option(True, help="Rerunning the command resumes: the collection keeps its finished "
-                                           "attempts, training its last checkpoint in OUT/checkpoints."),
-    backend: str = typer.Option("local", help="Where collection attempts run: local | ray."),
-    address: Optional[str] = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001)."),
-    ray_cpus: float = typer.Option(1.0, min=0.01, help="Ray CPUs each attempt holds."),
+    resume: bool = RESUME,
+    backend: str = BACKEND,
+    address: Optional[str] = ADDRESS,
+    ray_cpus: float = RAY_CPUS,
     training: KTOOptions = KTOOptions(),
 ) -> None:
     """Stage II: on-policy attempts labelled by outcome; every decision gets its attempt's label."""
