@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from toolself.evals.records import TRAJECTORIES, read_records, safe_name
-from toolself.evals.runner import run_eval
+from toolself.evals.runner import EvalRun, evaluate
 from toolself.models.spec import ModelSpec
 from toolself.tools.registry import default_pool
 from toolself.train.data import tool_schemas
@@ -51,14 +51,15 @@ def collect(tasks: Sequence[str], model: Any, out: str | Path, samples: int, *, 
     backend: where the attempts run (`local`, `ray`, a runner Backend); judge: the judge of
     free-text answers (a spec or an LLMJudge), whose verdicts label the trajectories."""
     model = ModelSpec.parse(model) if isinstance(model, str) else model
+    options = model.options(temperature, seed, dtype) if isinstance(model, ModelSpec) else {}
+    run = EvalRun.of(model, judge=judge, agent=settings, model_options=options, split=split, seed=seed,
+                     timeout=timeout)
     out = Path(out)
     pool = pool if pool is not None else default_pool()
     out.mkdir(parents=True, exist_ok=True)
     (out / TOOLS_FILE).write_text(json.dumps(tool_schemas(pool), indent=1) + "\n", encoding="utf-8")
-    options = model.options(temperature, seed, dtype) if isinstance(model, ModelSpec) else {}
-    summary = run_eval(list(tasks), [method], model, out, repeats=samples, split=split, limit=limit, seed=seed,
-                       concurrency=concurrency, timeout=timeout, settings=settings, pool=pool,
-                       model_options=options, progress=progress, backend=backend, judge=judge)
+    summary = evaluate(list(tasks), [method], run, out, repeats=samples, limit=limit, concurrency=concurrency,
+                       pool=pool, progress=progress, backend=backend)
     return CollectResult(run_dir=str(out), attempts=summary.attempts, ran=summary.ran,
                          correct=sum(r.correct for r in summary.records),
                          errors=sum(r.status == "error" for r in summary.records),
