@@ -273,10 +273,31 @@ def _kv(length: int, seed: int, layers: int = 2):
             for _ in range(layers)]
 
 
+def test_loaded_weights_are_read_into_memory_not_left_mapped_from_the_file(model, mixed_model):
+    """A mapped float32 file stays resident as long as one tensor of it lives (540 MB for the
+    default model): the weights are read instead."""
+    from pathlib import Path
+
+    mapped = [line for line in Path("/proc/self/maps").read_text().splitlines() if line.endswith(".safetensors")]
+    assert mapped == []
+
+
+def test_the_kernel_caches_are_bounded_unless_the_environment_says_otherwise(monkeypatch):
+    import os
+
+    from toolself.models import memory
+
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "7")
+    memory.bound_kernel_caches()
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == memory.KERNEL_CACHE_CAPACITY["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]
+    assert os.environ["LRU_CACHE_CAPACITY"] == "7"
+
+
 def test_the_prefix_store_finds_the_longest_shared_prefix_but_leaves_a_token_to_compute():
     from toolself.models.engine import PrefixStore
 
-    store = PrefixStore(max_entries=4, max_tokens=1000)
+    store = PrefixStore(max_entries=4)
     store.put("a", [1, 2, 3, 4, 5], _kv(5, 0))
     store.put("b", [1, 2, 9], _kv(3, 1))
     key, length, kv = store.lookup([1, 2, 3, 4, 7, 8], session=None)
@@ -287,14 +308,41 @@ def test_the_prefix_store_finds_the_longest_shared_prefix_but_leaves_a_token_to_
 
 
 def test_the_prefix_store_forgets_the_least_recent_entries_beyond_its_budget():
+    from toolself.models.engine import PrefixStore, kv_bytes
+
+    six_tokens = kv_bytes(_kv(6, 0))
+    store = PrefixStore(max_entries=8, max_bytes=2 * six_tokens)
+    store.put("old", [1] * 6, _kv(6, 0))
+    store.put("used", [2] * 6, _kv(6, 1))
+    store.lookup([1] * 7, session=None)  # "old" is now the most recently used
+    store.put("new", [3] * 6, _kv(6, 2))
+    assert len(store) == 2 and store.nbytes <= 2 * six_tokens
+    assert store.lookup([2] * 7, session=None)[1] == 0 and store.lookup([1] * 7, session=None)[1] == 6
+    store.drop("new")
+    assert len(store) == 1
+
+
+def test_the_prefix_store_counts_the_whole_buffer_a_view_keeps():
     from toolself.models.engine import PrefixStore
 
-    store = PrefixStore(max_entries=8, max_tokens=10)
-    store.put("old", [1] * 6, _kv(6, 0))
-    store.put("new", [2] * 6, _kv(6, 1))
-    assert len(store) == 1 and store.lookup([1] * 7, session=None)[1] == 0
-    store.drop("new")
-    assert len(store) == 0
+    buffer = _kv(10, 0)
+    views = [(k[:, :, :4], v[:, :, :4]) for k, v in buffer]
+    store = PrefixStore(max_bytes=1 << 20)
+    store.put("a", [1] * 4, views)
+    assert store.nbytes == sum(k.nbytes + v.nbytes for k, v in buffer)
+
+
+def test_an_entry_the_next_turn_will_replace_leaves_the_store_while_that_turn_is_computed():
+    from toolself.models.engine import PrefixStore
+
+    store = PrefixStore()
+    store.put("session:a", [1, 2, 3, 4], _kv(4, 0))
+    store.put("auto:1", [1, 2, 9], _kv(3, 1))
+    own = lambda key, usable, length: key == "session:a"  # noqa: E731
+    assert store.lookup([1, 2, 9, 9], session="b", take=own)[0] == "auto:1" and len(store) == 2
+    key, length, kv = store.lookup([1, 2, 3, 4, 5], session="a", take=own)
+    assert (key, length) == ("session:a", 4) and kv[0][0].shape[2] == 4
+    assert len(store) == 1 and store.length("session:a") == 0, "the cache is held once, by the turn"
 
 
 def test_a_float32_model_keeps_a_float32_cache_and_a_reduced_one_goes_bfloat16_only_with_amx(model, mixed_model):
@@ -330,6 +378,51 @@ def test_engine_attention_on_the_key_value_heads_equals_transformers_sdpa(new_to
     theirs, _ = sdpa_attention_forward(Module(), query, key, value, mask, scaling=0.25)
     assert ours.shape == theirs.shape == (rows, new_tokens, 9, 16)
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_the_batch_buffer_has_rows_for_the_sequences_present_in_powers_of_two():
+    from toolself.models.engine import Request, _Batch, _Sequence
+
+    def seq(length, seed):
+        return _Sequence(request=Request(prompt_ids=list(range(length)), max_tokens=5),
+                         fed=list(range(length)), cached_tokens=0, store_key=str(seed), kv=_kv(length, seed))
+
+    batch = _Batch(num_layers=2, max_rows=8)
+    allocated = []
+    for s in range(5):
+        batch.join(seq(6, s))
+        allocated.append(batch.allocated_rows)
+    assert allocated == [1, 2, 4, 4, 8]
+    while batch.rows:
+        batch.leave(0)
+    assert batch.allocated_rows == 0, "a drained batch holds no buffer"
+
+
+def test_the_last_sequence_of_a_one_row_batch_leaves_with_views_of_its_buffer_not_a_copy():
+    import torch
+
+    from toolself.models.engine import Request, _Batch, _Sequence
+
+    batch = _Batch(num_layers=2, max_rows=8)
+    batch.join(_Sequence(request=Request(prompt_ids=list(range(6)), max_tokens=5), fed=list(range(6)),
+                         cached_tokens=0, store_key="a", kv=_kv(6, 0)))
+    buffer = batch.layers[0].kbuf.untyped_storage().data_ptr()
+    kv = batch.leave(0)
+    assert kv[0][0].untyped_storage().data_ptr() == buffer
+    assert all(torch.equal(k, k0) and torch.equal(v, v0) for (k, v), (k0, v0) in zip(kv, _kv(6, 0)))
+
+
+def test_a_prefill_keeps_the_cached_prefix_as_it_is_until_the_new_tokens_are_appended():
+    import torch
+
+    from toolself.models.engine import new_cache
+
+    prefix = _kv(5, 0)
+    cache = new_cache(2, prefix, dtype=torch.float32)
+    assert cache.get_seq_length() == 5
+    assert cache.layers[0].keys.data_ptr() == prefix[0][0].data_ptr(), "no copy before the forward pass"
+    keys, _ = cache.layers[0].update(torch.ones(1, 3, 2, 4), torch.ones(1, 3, 2, 4))
+    assert keys.shape[2] == 7 and torch.equal(prefix[0][0], _kv(5, 0)[0][0]), "the store's entry is untouched"
 
 
 def test_batch_rows_keep_their_caches_while_others_join_and_leave():

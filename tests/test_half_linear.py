@@ -62,6 +62,61 @@ def test_every_linear_layer_of_a_model_is_replaced_and_the_logits_barely_move():
     assert (after - before).abs().max() < 1e-2
 
 
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    return LlamaForCausalLM(config).eval()
+
+
+def _storage_bytes(model: torch.nn.Module) -> dict[torch.dtype, int]:
+    """Bytes of the distinct storages behind a model's parameters and buffers, per dtype."""
+    seen, total = set(), {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total[tensor.dtype] = total.get(tensor.dtype, 0) + storage.nbytes()
+    return total
+
+
+def test_after_replacing_a_model_holds_its_float32_embedding_once_and_one_bfloat16_copy_of_the_rest(monkeypatch):
+    monkeypatch.setattr(half_linear, "has_bfloat16_kernels", lambda: True)
+    model = _tiny_llama()
+    embedding = model.get_input_embeddings().weight
+    untied = sum(m.weight.numel() for m in model.modules()
+                 if isinstance(m, torch.nn.Linear) and m.weight is not embedding)
+    norms = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
+    rotary = sum(b.numel() for b in model.model.rotary_emb.buffers())
+    use_half_linears(model)
+    held = _storage_bytes(model)
+    assert held[torch.float32] == 4 * (embedding.numel() + norms + rotary), "no float32 linear weight is left"
+    assert held[torch.bfloat16] == 2 * untied, "the tied head keeps no bfloat16 copy"
+    head = model.get_output_embeddings()
+    assert head.weight_bf16 is None and head.tied_weight.data_ptr() == embedding.data_ptr()
+
+
+def test_a_tied_head_computes_prefill_rows_as_the_bfloat16_product_of_the_weight_it_shares():
+    layer = _linear(2)
+    x = torch.randn(1, DECODE_ROWS + 1, 96)
+    with torch.inference_mode():
+        tied = HalfLinear(layer, prefill_bf16=True, tied=True)(x)
+        copied = HalfLinear(layer, prefill_bf16=True)(x)
+    assert torch.equal(tied, copied)
+
+
+def test_each_float32_layer_is_freed_as_soon_as_it_is_replaced():
+    import weakref
+
+    model = _tiny_llama()
+    first = weakref.ref(model.model.layers[0].self_attn.q_proj.weight)
+    alive_at_replacement = []
+    use_half_linears(model, on_replaced=lambda: alive_at_replacement.append(first() is not None))
+    assert alive_at_replacement[0] is False, "the first layer's float32 weight outlived its replacement"
+
+
 def test_the_mixed_dtype_without_the_float16_kernel_names_the_alternatives(monkeypatch):
     monkeypatch.setattr(half_linear, "_quantized_engines", lambda: ["qnnpack"])
     with pytest.raises(ValueError, match="use float32 or bfloat16"):

@@ -11,13 +11,17 @@ asyncio; here two threads own the model and serve them all:
   itself between two steps); the prefilled sequence joins the batch between two decode steps;
 - the batch keeps every sequence's keys and values in one preallocated buffer, right-aligned
   (left padding masked out) and packed into the first rows, so appending a token never copies
-  the cache and a sequence that finishes is replaced by moving one row;
+  the cache and a sequence that finishes is replaced by moving one row; the buffer has rows
+  for the sequences present (a power of two, at most the batch size), not for a full batch;
 - each decode step feeds one token per sequence with its true position, masks the logits of
   constrained sequences with their own xgrammar matcher, and picks the next tokens; text the
   grammar forces after a token (the next key of a JSON object, the rest of an enum value) is
   fed a token a step as if written, or all in one step when a sequence decodes alone;
 - a finished sequence's cache goes back to the prefix store (an LRU bounded in entries and in
-  tokens) for its next turn.
+  bytes) for its next turn; while the sequence is computed its entry is out of the store, so
+  an episode's cache is held once.
+
+Memory: docs/notes/2026-12-04-embedded-memory.md.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
+
+from toolself.models.memory import release_freed_memory
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values of shape [1, heads, tokens, dim]
 
@@ -100,19 +106,29 @@ class _Sequence:
         return self.generated[len(self.fed) - len(self.request.prompt_ids):]
 
 
+def kv_bytes(kv: KV) -> int:
+    """Bytes a cache keeps allocated: a view holds all of its buffer."""
+    return sum(k.untyped_storage().nbytes() + v.untyped_storage().nbytes() for k, v in kv)
+
+
 @dataclass
 class _Entry:
     ids: np.ndarray
     kv: KV
+    nbytes: int
 
 
 class PrefixStore:
-    """Recent KV caches, each with the exact token ids it covers. Entries are never modified
-    in place (a request reads slices and builds its own tensors), so readers need no copy."""
+    """Recent KV caches, each with the exact token ids it covers, least recently used dropped
+    first beyond `max_entries` or `max_bytes`. Entries are never modified in place (a request
+    reads slices and builds its own tensors), so readers need no copy.
 
-    def __init__(self, max_entries: int = 16, max_tokens: int = 65536):
+    The bound is in bytes because a token's keys and values take 23 KB in bfloat16 and twice
+    that in float32 for the default model, and more for a larger one."""
+
+    def __init__(self, max_entries: int = 16, max_bytes: int = 512 << 20):
         self.max_entries = max_entries
-        self.max_tokens = max_tokens
+        self.max_bytes = max_bytes
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._lock = threading.Lock()
         self._counter = 0
@@ -126,10 +142,12 @@ class PrefixStore:
             self._counter += 1
             return f"auto:{self._counter}"
 
-    def lookup(self, prompt_ids: list[int], session: str | None) -> tuple[str | None, int, KV | None]:
+    def lookup(self, prompt_ids: list[int], session: str | None,
+               take: Callable[[str, int, int], bool] | None = None) -> tuple[str | None, int, KV | None]:
         """The entry sharing the longest prefix with the prompt (the session's own on a tie),
         the length usable (at least one prompt token is left to compute the next logits), and
-        that prefix of its cache."""
+        that prefix of its cache. `take(key, usable, length)` says whether the entry leaves the
+        store with the caller, which puts its continuation back under that key when done."""
         if len(prompt_ids) < 2:
             return None, 0, None
         prompt = np.asarray(prompt_ids, dtype=np.int64)
@@ -144,18 +162,27 @@ class PrefixStore:
                     best_key, best_len = key, common
             if best_key is None:
                 return None, 0, None
-            self._entries.move_to_end(best_key)
-            kv = [(k[:, :, :best_len], v[:, :, :best_len]) for k, v in self._entries[best_key].kv]
+            entry = self._entries[best_key]
+            if take is not None and take(best_key, best_len, len(entry.ids)):
+                del self._entries[best_key]
+            else:
+                self._entries.move_to_end(best_key)
+            kv = [(k[:, :, :best_len], v[:, :, :best_len]) for k, v in entry.kv]
         return best_key, best_len, kv
 
     def put(self, key: str, ids: list[int], kv: KV) -> None:
         with self._lock:
             self._entries.pop(key, None)
-            self._entries[key] = _Entry(np.asarray(ids, dtype=np.int64), kv)
-            total = sum(len(e.ids) for e in self._entries.values())
-            while self._entries and (len(self._entries) > self.max_entries or total > self.max_tokens):
+            self._entries[key] = _Entry(np.asarray(ids, dtype=np.int64), kv, kv_bytes(kv))
+            total = self.nbytes
+            while self._entries and (len(self._entries) > self.max_entries or total > self.max_bytes):
                 _, dropped = self._entries.popitem(last=False)
-                total -= len(dropped.ids)
+                total -= dropped.nbytes
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of keys and values held."""
+        return sum(e.nbytes for e in self._entries.values())
 
     def length(self, key: str) -> int:
         with self._lock:
@@ -186,10 +213,13 @@ class _CacheLayer(DynamicLayer):
 
 
 def new_cache(num_layers: int, prefix: KV | None = None, dtype: torch.dtype = torch.float32) -> Cache:
+    """A cache holding `prefix` as it is (views of a store entry are never written into: the
+    next `update` concatenates), so that a prefill allocates its cache once, not twice."""
     layers = [_CacheLayer(dtype) for _ in range(num_layers)]
     if prefix:
         for layer, (k, v) in zip(layers, prefix):
-            layer.update(k, v)
+            layer.lazy_initialization(k, v)
+            layer.keys, layer.values = k.to(dtype), v.to(dtype)
     return Cache(layers=layers)
 
 
@@ -253,19 +283,28 @@ class _Batch:
         self.capacity = 0
         self.layers: list[_RowLayer] = []
         self.mask = torch.zeros(0, 0, dtype=torch.long)
+        self.layouts = 0  # how many times the rows were copied into new buffers
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def row_kv(self, i: int) -> KV:
         """A copy of row i's cache, detached from the shared buffer."""
+        return [(k.clone(), v.clone()) for k, v in self._row_view(i)]
+
+    def _row_view(self, i: int) -> KV:
         n = len(self.rows[i].fed)
-        return [(l.kbuf[i : i + 1, :, self.width - n : self.width].clone(),
-                 l.vbuf[i : i + 1, :, self.width - n : self.width].clone()) for l in self.layers]
+        return [(l.kbuf[i : i + 1, :, self.width - n : self.width],
+                 l.vbuf[i : i + 1, :, self.width - n : self.width]) for l in self.layers]
+
+    @property
+    def allocated_rows(self) -> int:
+        return self.layers[0].kbuf.shape[0] if self.layers else 0
 
     def join(self, seq: _Sequence) -> None:
         n = len(seq.fed)
-        if not self.rows or n > self.width or self.width + len(seq.unfed) + seq.remaining > self.capacity:
+        if (len(self.rows) == self.allocated_rows or n > self.width
+                or self.width + len(seq.unfed) + seq.remaining > self.capacity):
             self._relayout(seq)
             return
         i = len(self.rows)
@@ -282,8 +321,10 @@ class _Batch:
         self.rows.append(seq)
 
     def leave(self, i: int) -> KV:
-        """Remove row i and return its cache; the last row moves into its place."""
-        kv = self.row_kv(i)
+        """Remove row i and return its cache; the last row moves into its place. The last
+        sequence of a one-row buffer takes views of it rather than a copy, as nothing writes
+        into the buffer again."""
+        kv = self._row_view(i) if self.allocated_rows == 1 else self.row_kv(i)
         last = len(self.rows) - 1
         if i != last:
             start = self.width - len(self.rows[last].fed)
@@ -306,31 +347,36 @@ class _Batch:
         self.mask = torch.zeros(0, 0, dtype=torch.long)
 
     def _relayout(self, joining: _Sequence | None) -> None:
-        """Copy every row (and the joining sequence) into fresh buffers sized for them."""
-        sources: list[tuple[_Sequence, KV]] = [(s, self.row_kv(i)) for i, s in enumerate(self.rows)]
+        """Copy every row (and the joining sequence) into fresh buffers sized for them: as many
+        rows as the next power of two holds (so a filling batch is laid out again only log2
+        times), and as many columns as the longest sequence can reach."""
+        sources: list[tuple[_Sequence, KV]] = [(s, self._row_view(i)) for i, s in enumerate(self.rows)]
         if joining is not None:
             sources.append((joining, joining.kv))
             joining.kv = None
         width = max(len(s.fed) for s, _ in sources)
         capacity = width + max(len(s.unfed) + s.remaining for s, _ in sources) + 16
+        rows = min(self.max_rows, 1 << (len(sources) - 1).bit_length())
         k0, v0 = sources[0][1][0]
         heads, dim = k0.shape[1], k0.shape[3]
-        self.layers = []
+        layers = []
         for li in range(self.num_layers):
-            kbuf = torch.empty(self.max_rows, heads, capacity, dim, dtype=k0.dtype, device=k0.device)
-            vbuf = torch.empty(self.max_rows, heads, capacity, v0.shape[3], dtype=v0.dtype, device=v0.device)
+            kbuf = torch.empty(rows, heads, capacity, dim, dtype=k0.dtype, device=k0.device)
+            vbuf = torch.empty(rows, heads, capacity, v0.shape[3], dtype=v0.dtype, device=v0.device)
             for i, (s, kv) in enumerate(sources):
                 n = len(s.fed)
                 kbuf[i, :, : width - n] = 0
                 vbuf[i, :, : width - n] = 0
                 kbuf[i, :, width - n : width] = kv[li][0][0]
                 vbuf[i, :, width - n : width] = kv[li][1][0]
-            self.layers.append(_RowLayer(kbuf, vbuf))
-        self.mask = torch.zeros(self.max_rows, capacity, dtype=torch.long, device=k0.device)
-        for i, (s, _) in enumerate(sources):
-            self.mask[i, width - len(s.fed) : width] = 1
+            layers.append(_RowLayer(kbuf, vbuf))
+        self.layers = layers  # the old buffers go with the views in `sources`
         self.rows = [s for s, _ in sources]
+        self.mask = torch.zeros(rows, capacity, dtype=torch.long, device=k0.device)
+        for i, s in enumerate(self.rows):
+            self.mask[i, width - len(s.fed) : width] = 1
         self.width, self.capacity = width, capacity
+        self.layouts += 1
 
     def cache_for_step(self, span: int = 1) -> tuple[Cache, torch.Tensor]:
         """The cache and mask for a step that feeds every row `span` tokens."""
@@ -350,7 +396,7 @@ class Engine:
     decode, the next observation of a ninth is already being read."""
 
     def __init__(self, model: Any, *, stop_token_ids: list[int], vocab_size: int, max_batch: int = 8,
-                 cache_entries: int = 16, cache_tokens: int = 65536, threads: int = 0,
+                 cache_entries: int = 16, cache_bytes: int = 512 << 20, threads: int = 0,
                  kv_dtype: torch.dtype = torch.float32,
                  jump_forward: Callable[[Any, int], list[int]] | None = None):
         self.model = model
@@ -364,7 +410,7 @@ class Engine:
         self.stop_token_ids = set(stop_token_ids)
         self.vocab_size = vocab_size
         self.max_batch = max_batch
-        self.store = PrefixStore(cache_entries, cache_tokens)
+        self.store = PrefixStore(cache_entries, cache_bytes)
         self.num_layers = model.config.num_hidden_layers
         self._pending: list[Request] = []
         self._ready: list[_Sequence] = []
@@ -488,12 +534,15 @@ class Engine:
                     with self._cond:
                         self._prefilling -= 1
                         self._decoding += 1 if seq is not None else 0
+                layouts = batch.layouts
                 for seq in joining:
                     try:
                         batch.join(seq)
                     except Exception as exc:
                         if not seq.request.future.done():
                             seq.request.future.set_exception(exc)
+                if batch.layouts != layouts:
+                    release_freed_memory()
                 if batch.rows:
                     try:
                         if bitmask is None:
@@ -507,6 +556,8 @@ class Engine:
                                 seq.request.future.set_exception(exc)
                         batch.rows = []
                         batch._release()
+                    if not batch.rows:  # drained: no step waits on the trim
+                        release_freed_memory()
                 with self._cond:
                     self._decoding = len(batch.rows)
                     self._cond.notify_all()
@@ -515,11 +566,18 @@ class Engine:
         import xgrammar as xgr
 
         start, cpu_start = time.perf_counter(), time.thread_time()
-        key, reused, prefix_kv = self.store.lookup(request.prompt_ids, request.session)
-        if request.session is not None:
-            store_key = PrefixStore.session_key(request.session)
+        own = PrefixStore.session_key(request.session) if request.session is not None else None
+
+        def replaced(key: str, usable: int, length: int) -> bool:
+            """Whether this request's cache will replace that entry when it finishes: then the
+            entry leaves the store now, and the episode's cache is not held twice meanwhile."""
+            return key == own if own is not None else key.startswith("auto:") and usable >= length
+
+        key, reused, prefix_kv = self.store.lookup(request.prompt_ids, request.session, take=replaced)
+        if own is not None:
+            store_key = own
         elif key is not None and key.startswith("auto:") and reused >= self.store.length(key):
-            store_key = key  # this conversation continues that one: replace it
+            store_key = key  # this conversation continues that one (taken out of the store): replace it
         else:
             store_key = self.store.new_key()
         new_ids = request.prompt_ids[reused:] + request.forced_ids

@@ -13,11 +13,16 @@ once per step, and prefill is bound by arithmetic. No one precision suits both h
 
 Activations and norms stay in float32, and so do attention and the KV cache except on CPUs
 with AMX, where the engine keeps the cache in bfloat16 (`local.kv_dtype`). The float32
-weights are dropped, so the model takes as much memory as before (a float16 and a bfloat16
-copy). Measurements: docs/notes/2026-12-03-mixed-dtype.md.
+weights are dropped as each layer is replaced, so the model takes as much memory as in float32
+(a float16 and a bfloat16 copy; fbgemm pads the float16 one to blocks of 512 input features).
+An output head tied to the input embedding keeps no bfloat16 copy: the engine only ever asks
+it for a few rows of logits, and a larger product casts the float32 embedding it shares.
+Measurements: docs/notes/2026-12-03-mixed-dtype.md, docs/notes/2026-12-04-embedded-memory.md.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -60,16 +65,22 @@ def has_amx() -> bool:
 
 
 class HalfLinear(torch.nn.Module):
-    """An inference-only replacement for `nn.Linear` (no gradients, no training)."""
+    """An inference-only replacement for `nn.Linear` (no gradients, no training).
 
-    def __init__(self, linear: torch.nn.Linear, prefill_bf16: bool = True):
+    `tied`: the float32 weight is another module's parameter too (an output head tied to the
+    input embedding), so it is kept and cast to bfloat16 for each prefill product instead of
+    stored a second time."""
+
+    def __init__(self, linear: torch.nn.Linear, prefill_bf16: bool = True, tied: bool = False):
         super().__init__()
         weight = linear.weight.detach().float()
         bias = None if linear.bias is None else linear.bias.detach().float()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.packed = torch.ops.quantized.linear_prepack_fp16(weight, bias)
         self.prefill_bf16 = prefill_bf16
-        self.register_buffer("weight_bf16", weight.to(torch.bfloat16) if prefill_bf16 else None, persistent=False)
+        keep_bf16 = prefill_bf16 and not tied
+        self.register_buffer("weight_bf16", weight.to(torch.bfloat16) if keep_bf16 else None, persistent=False)
+        self.register_buffer("tied_weight", weight if prefill_bf16 and tied else None, persistent=False)
         self.register_buffer("bias_bf16", None if bias is None or not prefill_bf16 else bias.to(torch.bfloat16),
                              persistent=False)
 
@@ -78,7 +89,8 @@ class HalfLinear(torch.nn.Module):
         if rows.shape[0] <= DECODE_ROWS or not self.prefill_bf16:
             out = torch.ops.quantized.linear_dynamic_fp16(rows.float(), self.packed)
         else:
-            out = torch.nn.functional.linear(rows.to(torch.bfloat16), self.weight_bf16, self.bias_bf16).float()
+            weight = self.weight_bf16 if self.weight_bf16 is not None else self.tied_weight.to(torch.bfloat16)
+            out = torch.nn.functional.linear(rows.to(torch.bfloat16), weight, self.bias_bf16).float()
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
@@ -86,15 +98,24 @@ class HalfLinear(torch.nn.Module):
                 f"prefill={'bfloat16' if self.prefill_bf16 else 'float16'}")
 
 
-def use_half_linears(model: torch.nn.Module) -> int:
+def use_half_linears(model: torch.nn.Module, on_replaced: Callable[[], None] | None = None) -> int:
     """Replace every `nn.Linear` of a float32 model in place; returns how many. The output head
-    is replaced too, which unties it from the (float32) input embedding."""
+    is replaced too, which unties it from the (float32) input embedding. Only names are held
+    while replacing, so each float32 weight is freed as soon as its layer is replaced (unless
+    it is tied) and the model never holds the float32 and both half copies at once.
+    `on_replaced` runs after each layer (`memory.release_freed_memory`, so that the allocator
+    returns what the layer freed before the next one allocates)."""
     require_available()
     prefill_bf16 = has_bfloat16_kernels()
-    replaced = 0
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, torch.nn.Linear):
-                setattr(module, name, HalfLinear(child, prefill_bf16))
-                replaced += 1
-    return replaced
+    linears = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    others = {p.data_ptr() for m in model.modules() if not isinstance(m, torch.nn.Linear)
+              for p in m.parameters(recurse=False)}
+    for name in linears:
+        parent_name, _, child_name = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        linear = getattr(parent, child_name)
+        setattr(parent, child_name, HalfLinear(linear, prefill_bf16, tied=linear.weight.data_ptr() in others))
+        del linear
+        if on_replaced is not None:
+            on_replaced()
+    return len(linears)

