@@ -8,10 +8,15 @@
   summary averages the steps at 1.5k tokens and more, whole step and prefill alone;
 - throughput: generated tokens per second for 1 and for 8 concurrent episodes (threads
   calling `complete`, as the eval runner does), each step a tool-call turn followed by an
-  observation.
+  observation;
+- memory: peak resident memory (VmHWM) of a fresh process that loads the model as `toolself
+  run` does and runs one episode, and of one that runs 4 concurrent episodes (an eval at
+  concurrency 4), each episode's context growing to --memory-context tokens (the agent's
+  default budget for embedded models). Resident memory counts what torch and every library
+  hold, which tracemalloc cannot see.
 
 Usage: python benchmarks/embedded.py [--fresh-cache] [--threads N] [--steps N] [--dtype D] [--cache-dtype D]
-                                    [--no-jump-forward]
+                                    [--no-jump-forward] [--parts reuse,throughput,memory]
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import inspect
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -133,6 +140,18 @@ def bench_kv_reuse(model_cls, weights, observations, target_tokens: int, max_tok
     }
 
 
+def _concurrently(run, episodes: int) -> float:
+    """Run `run(i)` for each episode in its own thread, as the eval runner's attempts call the
+    model; the wall seconds until all are done."""
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(episodes)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start
+
+
 def bench_throughput(model_cls, weights, observations, episodes: int, steps: int, max_tokens: int) -> dict:
     """`episodes` threads each run `steps` tool-call turns; tokens generated per wall second."""
     model, tokenizer = weights
@@ -152,13 +171,7 @@ def bench_throughput(model_cls, weights, observations, episodes: int, steps: int
             _observe(messages, c, observations[(i * 7 + step) % len(observations)], step)
         engine_model.end_session(f"episode-{i}")
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(episodes)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
+    wall = _concurrently(run, episodes)
     stats = dict(engine_model.engine.stats)
     engine_model.close()
     return {
@@ -187,6 +200,53 @@ def bench_throughput(model_cls, weights, observations, episodes: int, steps: int
     }
 
 
+def _status_mb() -> dict[str, int]:
+    """This process's resident memory now and at its peak, in MB (Linux)."""
+    fields = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                fields[name] = int(value.split()[0]) // 1024
+    return {"rss_mb": fields["VmRSS"], "peak_rss_mb": fields["VmHWM"]}
+
+
+def memory_child(episodes: int, dtype: str, context: int, max_tokens: int) -> dict:
+    """In this (fresh) process: load the model as `toolself run` does, then run `episodes`
+    concurrent episodes until each prompt reaches `context` tokens."""
+    from toolself.models import local
+
+    model = local.EmbeddedModel.load(dtype=dtype)
+    loaded = _status_mb()
+    observations = _observations()
+
+    def run(i: int) -> None:
+        messages = _episode_messages(TASKS[i % len(TASKS)])
+        step = 0
+        while len(model.prompt_ids(messages, TOOLS)) < context:
+            c = model.complete(list(messages), tools=TOOLS, session=f"episode-{i}", max_tokens=max_tokens)
+            _observe(messages, c, observations[(i * 7 + step) % len(observations)], step)
+            step += 1
+        model.end_session(f"episode-{i}")
+
+    wall = _concurrently(run, episodes)
+    stats = dict(model.engine.stats)
+    model.close()
+    end = _status_mb()
+    return {"episodes": episodes, "dtype": local.resolve_dtype(dtype), "context_tokens": context, "wall_s": round(wall, 1),
+            "prefill_tokens": stats["prefill_tokens"], "decode_steps": stats["steps"],
+            "peak_rss_mb": end["peak_rss_mb"], "rss_after_load_mb": loaded["rss_mb"], "peak_rss_during_load_mb": loaded["peak_rss_mb"],
+            "rss_at_end_mb": end["rss_mb"]}
+
+
+def bench_memory(episodes: int, args) -> dict:
+    """`memory_child` in a fresh interpreter, so that its peak is its own."""
+    command = [sys.executable, __file__, "--memory-child", str(episodes), "--dtype", args.memory_dtype,
+               "--memory-context", str(args.memory_context), "--max-tokens", str(args.max_tokens)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fresh-cache", action="store_true", help="time the GGUF conversion into a new cache folder")
@@ -195,12 +255,21 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=2000, help="context length reached by the KV reuse episode")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "mixed"])
-    parser.add_argument("--parts", default="reuse,throughput", help="comma-separated: reuse, throughput")
+    parser.add_argument("--parts", default="reuse,throughput,memory",
+                        help="comma-separated: reuse, throughput, memory")
+    parser.add_argument("--memory-context", type=int, default=3000,
+                        help="context length each episode of the memory runs reaches")
+    parser.add_argument("--memory-dtype", default="auto", choices=["auto", "float32", "bfloat16", "mixed"],
+                        help="dtype of the memory runs (default: what `toolself run` uses)")
+    parser.add_argument("--memory-child", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--cache-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="the engine's KV cache dtype (default: the embedded model's choice, `local.kv_dtype`)")
     parser.add_argument("--no-jump-forward", action="store_true",
                         help="let the model pick the tokens of the text a grammar forces mid-reply, one a step")
     args = parser.parse_args()
+    if args.memory_child:
+        print(json.dumps(memory_child(args.memory_child, args.dtype, args.memory_context, args.max_tokens)))
+        return
 
     import torch
 
@@ -222,22 +291,23 @@ def main() -> None:
             os.environ.pop("TOOLSELF_CACHE")
         else:
             os.environ["TOOLSELF_CACHE"] = previous
-    start = time.perf_counter()
-    model, tokenizer, _ = local.load_weights(dtype=args.dtype)
-    out["load_s"] = round(time.perf_counter() - start, 2)
-    out["dtype"] = args.dtype  # mixed keeps float32 parameters beside its half-precision products
-    out["parameter_dtype"] = str(model.dtype).removeprefix("torch.")
-    cache_dtype = local.kv_dtype(model) if args.cache_dtype == "auto" else getattr(torch, args.cache_dtype)
-    out["cache_dtype"] = str(cache_dtype).removeprefix("torch.")
-    out["jump_forward"] = not args.no_jump_forward
-    model_cls = functools.partial(local.EmbeddedModel, cache_dtype=cache_dtype, jump_forward=not args.no_jump_forward)
-    start = time.perf_counter()
-    model_cls(model, tokenizer, threads=THREADS).close()
-    out["grammar_setup_s"] = round(time.perf_counter() - start, 2)
-
-    observations = _observations()
-    weights = (model, tokenizer)
     parts = set(args.parts.split(","))
+    if parts & {"reuse", "throughput"}:
+        start = time.perf_counter()
+        model, tokenizer, _ = local.load_weights(dtype=args.dtype)
+        out["load_s"] = round(time.perf_counter() - start, 2)
+        out["dtype"] = args.dtype  # mixed keeps float32 parameters beside its half-precision products
+        out["parameter_dtype"] = str(model.dtype).removeprefix("torch.")
+        cache_dtype = local.kv_dtype(model) if args.cache_dtype == "auto" else getattr(torch, args.cache_dtype)
+        out["cache_dtype"] = str(cache_dtype).removeprefix("torch.")
+        out["jump_forward"] = not args.no_jump_forward
+        model_cls = functools.partial(local.EmbeddedModel, cache_dtype=cache_dtype,
+                                      jump_forward=not args.no_jump_forward)
+        start = time.perf_counter()
+        model_cls(model, tokenizer, threads=THREADS).close()
+        out["grammar_setup_s"] = round(time.perf_counter() - start, 2)
+        observations = _observations()
+        weights = (model, tokenizer)
     if "reuse" in parts:
         out["kv_reuse"] = bench_kv_reuse(model_cls, weights, observations, args.context, args.max_tokens)
     if "throughput" in parts:
@@ -245,6 +315,8 @@ def main() -> None:
         eight = bench_throughput(model_cls, weights, observations, 8, args.steps, args.max_tokens)
         out["throughput"] = {"1": one, "8": eight,
                              "speedup_8_vs_1": round(eight["generated_tokens_per_s"] / one["generated_tokens_per_s"], 2)}
+    if "memory" in parts:
+        out["memory"] = {str(n): bench_memory(n, args) for n in (1, 4)}
     out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(out, indent=1))
 
