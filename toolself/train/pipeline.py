@@ -204,93 +204,127 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
 def run_step(settings: CATSettings, out: Path, step: str, echo: Callable[[str], None] = print,
              backend: Any = "local") -> dict[str, Any]:
     """One step's work on what the steps before it left in `out`; returns its result."""
-    from toolself.train.kto_config import CATKTOConfig
-    from toolself.train.rft_config import RFTConfig
+    return STEP_FUNCTIONS[step](Step(settings, Path(out), echo, backend))
 
-    state = State(out)
-    student = settings.student_model().weights()
-    rft_dir, kto_dir = out / "rft", out / "kto"
 
-    def collect_train(model: str, folder: str, samples: int, limit: int | None) -> dict[str, Any]:
-        return collect_attempts(ModelSpec.parse(model), out / "collect" / folder, settings.collection(samples, limit),
-                                backend=backend, tools=tool_options(settings, out)).to_dict()
+@dataclass
+class Step:
+    """What each step of one pipeline works with: its settings, its folder and where to say
+    what it does; the models it trains live at fixed places in the folder."""
 
-    def step_collect_teacher() -> dict[str, Any]:
-        return collect_train(settings.teacher, "teacher", settings.teacher_samples, settings.limit)
+    settings: CATSettings
+    out: Path
+    echo: Callable[[str], None] = print
+    backend: Any = "local"
 
-    def step_data_sft() -> dict[str, Any]:
-        trajectories, schemas = load_sources([out / "collect" / "teacher"], settings.method)
-        built = sft_data(trajectories, schemas, student, settings.max_length)
-        dataset, stats = built.dataset, built.build
-        if len(dataset) == 0:
-            raise EmptyData(f"none of the teacher's {len(trajectories)} attempts succeeded: nothing to fine-tune "
-                            "on (more samples, looser budgets or a stronger teacher); rerun to retry this step")
-        save_dataset(dataset, out / "data" / "sft", built.info)
-        return {"examples": len(dataset), "trajectories": stats.trajectories,
-                "rejected_trajectories": stats.skipped_trajectories, "truncated": stats.truncated}
+    @property
+    def rft_dir(self) -> Path:
+        return self.out / "rft"
 
-    def step_rft() -> dict[str, Any]:
-        config = RFTConfig(output_dir=str(rft_dir / "checkpoints"), max_length=settings.max_length,
-                           seed=settings.seed, **settings.rft)
-        result, _ = train_rft_step(load_dataset_dir(out / "data" / "sft"), student, rft_dir, config)
-        return result.to_dict()
+    @property
+    def kto_dir(self) -> Path:
+        return self.out / "kto"
 
-    def step_collect_policy() -> dict[str, Any]:
-        limit = settings.policy_limit if settings.policy_limit is not None else settings.limit
-        return collect_train(f"local:{rft_dir}", "policy", settings.policy_samples, limit)
+    def student(self) -> Path:
+        return self.settings.student_model().weights()
 
-    def step_data_kto() -> dict[str, Any]:
-        trajectories, schemas = load_sources([out / "collect" / "policy"], settings.method)
-        built = kto_data(trajectories, schemas, student, settings.max_length)
-        dataset, stats, weights = built.dataset, built.build, built.weights
-        if len(dataset) < 2:
-            raise EmptyData(f"the policy's {len(trajectories)} scored attempts hold {len(dataset)} decisions: "
-                            "KTO needs at least 2")
-        save_dataset(dataset, out / "data" / "kto", built.info)
-        for note in stats.notes:
-            echo(f"note: {note}")
-        found = {"examples": len(dataset), "trajectories": stats.trajectories, "weights": weights.to_dict(),
-                 "truncated": stats.truncated}
-        if weights.single_class:
-            kind = "succeeded" if weights.desirable else "failed"
-            found["skip_kto"] = (f"every one of the policy's {stats.trajectories} attempts {kind}: with one label "
-                                 "KTO can only push the RFT model's own decisions one way, so the RFT model stands "
-                                 "as KTO's")
-        return found
+    def kto_skipped(self) -> str | None:
+        """Why KTO was skipped (data_kto found one label only), or None."""
+        return State(self.out).data["steps"].get("data_kto", {}).get("result", {}).get("skip_kto")
 
-    def kto_skipped() -> str | None:
-        return state.data["steps"].get("data_kto", {}).get("result", {}).get("skip_kto")
+    def collect(self, model: str, folder: str, samples: int, limit: int | None) -> dict[str, Any]:
+        collection = self.settings.collection(samples, limit)
+        return collect_attempts(ModelSpec.parse(model), self.out / "collect" / folder, collection,
+                                backend=self.backend, tools=tool_options(self.settings, self.out)).to_dict()
 
-    def step_kto() -> dict[str, Any]:
-        if kto_skipped():  # OUT/kto still holds a model: the RFT one, as the docs promise a KTO model there
-            echo(f"[kto] skipped: {kto_skipped()}")
-            shutil.rmtree(kto_dir, ignore_errors=True)
-            shutil.copytree(rft_dir, kto_dir, ignore=shutil.ignore_patterns("checkpoints"))
-            return {"skipped": kto_skipped(), "copied_from": str(rft_dir)}
-        config = CATKTOConfig(output_dir=str(kto_dir / "checkpoints"), max_length=settings.max_length,
-                              seed=settings.seed, **settings.kto)
-        result, _ = train_kto_step(load_dataset_dir(out / "data" / "kto"), rft_dir, kto_dir, config)
-        return result.to_dict()
 
-    def step_evaluate() -> dict[str, Any]:
-        models = {"student": student_spec(settings), "rft": f"local:{rft_dir}", "kto": f"local:{kto_dir}"}
-        results = {}
-        for name in settings.evaluate:
-            if name == "kto" and kto_skipped():
-                if "rft" in results:  # the same model: its records stand for both rows
-                    shutil.rmtree(out / "eval" / name, ignore_errors=True)
-                    shutil.copytree(out / "eval" / "rft", out / "eval" / name)
-                    results[name] = results["rft"]
-                    continue
-                models[name] = models["rft"]
-            summary = evaluate(settings, models[name], out / "eval" / name, backend)
-            results[name] = summary.accuracy().get(settings.method, {})
-        return results
+def _collect_teacher(step: Step) -> dict[str, Any]:
+    s = step.settings
+    return step.collect(s.teacher, "teacher", s.teacher_samples, s.limit)
 
-    bodies = {"collect_teacher": step_collect_teacher, "data_sft": step_data_sft, "rft": step_rft,
-              "collect_policy": step_collect_policy, "data_kto": step_data_kto, "kto": step_kto,
-              "evaluate": step_evaluate}
-    return bodies[step]()
+
+def _data_sft(step: Step) -> dict[str, Any]:
+    trajectories, schemas = load_sources([step.out / "collect" / "teacher"], step.settings.method)
+    built = sft_data(trajectories, schemas, step.student(), step.settings.max_length)
+    dataset, stats = built.dataset, built.build
+    if len(dataset) == 0:
+        raise EmptyData(f"none of the teacher's {len(trajectories)} attempts succeeded: nothing to fine-tune "
+                        "on (more samples, looser budgets or a stronger teacher); rerun to retry this step")
+    save_dataset(dataset, step.out / "data" / "sft", built.info)
+    return {"examples": len(dataset), "trajectories": stats.trajectories,
+            "rejected_trajectories": stats.skipped_trajectories, "truncated": stats.truncated}
+
+
+def _rft(step: Step) -> dict[str, Any]:
+    from toolself.train.rft_config import RFTConfig  # imports trl: seconds
+
+    s = step.settings
+    config = RFTConfig(output_dir=str(step.rft_dir / "checkpoints"), max_length=s.max_length, seed=s.seed, **s.rft)
+    result, _ = train_rft_step(load_dataset_dir(step.out / "data" / "sft"), step.student(), step.rft_dir, config)
+    return result.to_dict()
+
+
+def _collect_policy(step: Step) -> dict[str, Any]:
+    s = step.settings
+    limit = s.policy_limit if s.policy_limit is not None else s.limit
+    return step.collect(f"local:{step.rft_dir}", "policy", s.policy_samples, limit)
+
+
+def _data_kto(step: Step) -> dict[str, Any]:
+    trajectories, schemas = load_sources([step.out / "collect" / "policy"], step.settings.method)
+    built = kto_data(trajectories, schemas, step.student(), step.settings.max_length)
+    dataset, stats, weights = built.dataset, built.build, built.weights
+    if len(dataset) < 2:
+        raise EmptyData(f"the policy's {len(trajectories)} scored attempts hold {len(dataset)} decisions: "
+                        "KTO needs at least 2")
+    save_dataset(dataset, step.out / "data" / "kto", built.info)
+    for note in stats.notes:
+        step.echo(f"note: {note}")
+    found = {"examples": len(dataset), "trajectories": stats.trajectories, "weights": weights.to_dict(),
+             "truncated": stats.truncated}
+    if weights.single_class:
+        kind = "succeeded" if weights.desirable else "failed"
+        found["skip_kto"] = (f"every one of the policy's {stats.trajectories} attempts {kind}: with one label "
+                             "KTO can only push the RFT model's own decisions one way, so the RFT model stands "
+                             "as KTO's")
+    return found
+
+
+def _kto(step: Step) -> dict[str, Any]:
+    from toolself.train.kto_config import CATKTOConfig  # imports trl: seconds
+
+    skipped = step.kto_skipped()
+    if skipped:  # OUT/kto still holds a model: the RFT one, as the docs promise a KTO model there
+        step.echo(f"[kto] skipped: {skipped}")
+        shutil.rmtree(step.kto_dir, ignore_errors=True)
+        shutil.copytree(step.rft_dir, step.kto_dir, ignore=shutil.ignore_patterns("checkpoints"))
+        return {"skipped": skipped, "copied_from": str(step.rft_dir)}
+    s = step.settings
+    config = CATKTOConfig(output_dir=str(step.kto_dir / "checkpoints"), max_length=s.max_length, seed=s.seed,
+                          **s.kto)
+    result, _ = train_kto_step(load_dataset_dir(step.out / "data" / "kto"), step.rft_dir, step.kto_dir, config)
+    return result.to_dict()
+
+
+def _evaluate(step: Step) -> dict[str, Any]:
+    s, out = step.settings, step.out
+    models = {"student": student_spec(s), "rft": f"local:{step.rft_dir}", "kto": f"local:{step.kto_dir}"}
+    results: dict[str, Any] = {}
+    for name in s.evaluate:
+        if name == "kto" and step.kto_skipped():
+            if "rft" in results:  # the same model: its records stand for both rows
+                shutil.rmtree(out / "eval" / name, ignore_errors=True)
+                shutil.copytree(out / "eval" / "rft", out / "eval" / name)
+                results[name] = results["rft"]
+                continue
+            models[name] = models["rft"]
+        summary = evaluate(s, models[name], out / "eval" / name, step.backend)
+        results[name] = summary.accuracy().get(s.method, {})
+    return results
+
+
+STEP_FUNCTIONS: dict[str, Callable[[Step], dict[str, Any]]] = dict(zip(STEPS, (
+    _collect_teacher, _data_sft, _rft, _collect_policy, _data_kto, _kto, _evaluate)))
 
 
 class StepDied(RuntimeError):
