@@ -74,6 +74,8 @@ class ModelSpec:
                 raise ValueError(f"unknown shipped adapter {spec!r}; shipped: {', '.join(SHIPPED_ADAPTERS)}")
             return cls("shipped", spec, SHIPPED_ADAPTERS[spec])
         if spec.startswith("local:"):
+            if not spec.split(":", 1)[1]:
+                raise ValueError("local: needs a path: local:DIR, a transformers model or a LoRA adapter directory")
             return cls("local", spec, spec.split(":", 1)[1])
         if spec.startswith("openai:"):
             return cls("openai", spec)
