@@ -18,7 +18,7 @@ from toolself.cli_errors import DEBUG_ENV, debugging, describe, err_console, fai
 from toolself.cli_options import ToolOptions, default_web_cache, preset_option, tool_options
 from toolself.evals.preflight import check_free_task
 from toolself.models.local import DTYPE_HELP
-from toolself.models.spec import ModelSpec, model_defaults
+from toolself.models.spec import MODEL_SPECS, ModelSpec, model_defaults
 
 
 class _Commands(TyperGroup):
@@ -75,7 +75,7 @@ _fail = fail
 @tool_options
 def run(
     task: str = typer.Argument(..., help="The task, in words."),
-    model: str = typer.Option("embedded", "--model", "-m", help="embedded | local:PATH | openai:NAME@URL"),
+    model: str = typer.Option("embedded", "--model", "-m", help=MODEL_SPECS),
     method: str = typer.Option("toolself", help="toolself | vanilla | static:NAME | decoupled (see `toolself methods`)."),
     freeze: list[str] = typer.Option([], help="Ablation: hold a dimension fixed (subgoal, strategy, toolbox, knowledge, mode)."),
     config_model: Optional[str] = typer.Option(None, help="For `decoupled`: the model that writes configurations."),
@@ -171,7 +171,7 @@ def run(
 
 @app.command()
 def serve(
-    model: str = typer.Option("embedded", "--model", "-m", help="embedded | local:PATH | openai:NAME@URL"),
+    model: str = typer.Option("embedded", "--model", "-m", help=MODEL_SPECS),
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = typer.Option(8000, min=1, max=65535, help="Port to listen on."),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),

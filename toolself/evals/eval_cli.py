@@ -52,8 +52,9 @@ def eval_command(
     tasks: list[str] = typer.Option(..., "--tasks", "-t", help="Dataset specs, comma-separated or repeated: "
                                     "builtin:research, gaia:PATH, frames:PATH, swebench:PATH, jsonl:PATH, ..."),
     methods: list[str] = typer.Option(["toolself"], "--methods", help="Methods, comma-separated (see `toolself methods`), or `all`."),
-    model: str = typer.Option("embedded", "--model", "-m", help="embedded | local:PATH | openai:NAME@URL | expert; "
-                              "several servers of one model: openai:NAME@URL1,URL2 (URL#N: at most N in flight there)"),
+    model: str = typer.Option("embedded", "--model", "-m",
+                              help="embedded | embedded:cat | local:PATH | openai:NAME@URL | expert; several servers "
+                                   "of one model: openai:NAME@URL1,URL2 (URL#N: at most N in flight there)"),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder; rerunning the same command resumes it."),
     config_model: Optional[str] = typer.Option(None, help="For `decoupled`: the model that writes configurations."),
     concurrency: int = typer.Option(4, min=1, help="Attempts in flight at once."),

@@ -225,7 +225,8 @@ def _collection(tasks: list[str], student: str, samples: int, limit: Optional[in
 @stage_options(RFTOptions)
 def rft(
     tasks: list[str] = typer.Option([], "--tasks", "-t", help=TASKS_HELP),
-    teacher: str = typer.Option("expert", help="expert (built-in suites) | embedded | local:DIR | openai:NAME@URL."),
+    teacher: str = typer.Option("expert", help="expert (built-in suites) | embedded | embedded:cat | local:DIR | "
+                                               "openai:NAME@URL."),
     samples: int = typer.Option(4, help="Attempts per task by the teacher (K)."),
     student: str = typer.Option("embedded", help="The model to fine-tune: embedded | local:DIR | a model directory."),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder: the adapter, collect/, data/, logs, curves."),
@@ -320,7 +321,7 @@ def kto(
 def cat_command(
     tasks: list[str] = typer.Option(..., "--tasks", "-t", help=TASKS_HELP + " Train split for collection."),
     out: Path = typer.Option(..., "--out", "-o", help="Pipeline folder (state.json; rerun to resume)."),
-    teacher: str = typer.Option("expert", help="expert | embedded | local:DIR | openai:NAME@URL."),
+    teacher: str = typer.Option("expert", help="expert | embedded | embedded:cat | local:DIR | openai:NAME@URL."),
     student: str = typer.Option("embedded", help="embedded | local:DIR | a model directory."),
     teacher_samples: int = typer.Option(4, min=1, help="Teacher attempts per task (RFT)."),
     policy_samples: int = typer.Option(4, min=1, help="RFT-policy attempts per task (KTO)."),
