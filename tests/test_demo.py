@@ -7,9 +7,7 @@ import os
 
 import pytest
 from rich.console import Console
-from typer.testing import CliRunner
 
-from toolself.cli import app
 from toolself.config import Configuration
 from toolself.demo import DEMO_SUITE, StageObserver, chosen_task, demo_task, run_demo
 from toolself.evals.suites.common import KEY_VARIABLE
@@ -53,12 +51,19 @@ def test_an_evaluation_where_training_changed_no_outcome_has_nothing_to_show():
         chosen_task(recorded({"data-heldout-0-0000": (True, True), "data-heldout-0-0001": (False, False)}))
 
 
-def test_the_demo_says_how_to_build_the_adapter_when_it_is_not_installed(tmp_path, monkeypatch):
+def test_without_the_adapter_the_demo_shows_the_zero_shot_attempt_and_how_to_build_the_adapter(tmp_path,
+                                                                                                monkeypatch):
     import toolself.models
 
     monkeypatch.setattr(toolself.models, "shipped_adapter", lambda spec: tmp_path)
-    result = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "t.jsonl")])
-    assert result.exit_code == 2 and "make embedded-cat" in result.output
+    other = demo_task("data-heldout-0-0001")
+    c = console()
+    out = tmp_path / "demo" / "trajectories.jsonl"
+    attempts = run_demo(out, c, load=lambda spec, task: ExpertTeacher.for_task(other))
+    assert [(a.model, a.correct) for a in attempts] == [("embedded", False)]
+    shown = text(c)
+    assert "not in this install yet" in shown and "make embedded-cat" in shown and "data-heldout-0-0000" in shown
+    assert [t.metadata["correct"] for t in read_jsonl(out)] == [False]
 
 
 def test_the_demo_task_is_the_published_one_whatever_key_the_environment_holds(monkeypatch):
