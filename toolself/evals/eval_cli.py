@@ -123,7 +123,8 @@ def eval_command(
             run_preset.adapt_pool(pool, tool_options.web, tool_options.docs)
     except Exception as exc:
         _fail(f"building the tool pool: {exc}")
-    loader = CheckingLoader(Provided.of(pool, tool_options.web, tool_options.judge), tool_options.allow_missing)
+    loader = CheckingLoader(Provided.of(pool, tool_options.web, tool_options.judge, tool_options.docs),
+                            tool_options.allow_missing)
     try:
         runner_backend = backend_option(backend, address, ray_cpus)
         summary = run_eval(specs, names, policy, out, concurrency=concurrency, timeout=timeout or None, grace=grace,
