@@ -15,7 +15,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from toolself.cli_errors import DEBUG_ENV, debugging, describe, err_console, fail, warn
-from toolself.cli_options import ToolOptions, default_web_cache, preset_option, tool_options
+from toolself.cli_options import ToolOptions, default_web_cache, preset_option, preset_pool, tool_options
 from toolself.evals.preflight import check_free_task
 from toolself.models.local import DTYPE_HELP
 from toolself.models.spec import MODEL_SPECS, ModelSpec, model_defaults
@@ -127,12 +127,7 @@ def run(
     except ValueError as exc:
         _fail(str(exc))
     tool_options = tool_options.with_cache(default_web_cache())
-    try:
-        pool = tool_options.pool()
-        if run_preset is not None:
-            run_preset.adapt_pool(pool, tool_options.web, tool_options.docs)
-    except Exception as exc:
-        _fail(f"building the tool pool: {exc}")
+    pool = preset_pool(tool_options, run_preset)
     try:
         for warning in check_free_task(tool_options, pool):
             err_console.print(f"warning: {warning}", highlight=False)

@@ -93,3 +93,18 @@ def tool_options(command: Callable[..., Any]) -> Callable[..., Any]:
     wrapper.__annotations__ = {**{k: v for k, v in command.__annotations__.items() if k != "tool_options"},
                                **{name: spec.annotation for name, spec in OPTIONS.items()}}
     return wrapper
+
+
+def preset_pool(options: ToolOptions, run_preset: Any) -> Any:
+    """The run's tool pool as its options build it and its preset (if any) reshapes it; a pool
+    that cannot be built is the command's one error line."""
+    from toolself.cli_errors import fail
+
+    try:
+        pool = options.pool()
+        if run_preset is not None:
+            run_preset.adapt_pool(pool, options.web, options.docs)
+    except Exception as exc:
+        fail(f"building the tool pool: {exc}")
+    return pool
+

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 
 from toolself.cli_errors import fail
-from toolself.cli_options import ToolOptions, preset_option, tool_options
+from toolself.cli_options import ToolOptions, preset_option, preset_pool, tool_options
 from toolself.evals.preflight import CheckingLoader, Provided
 from toolself.interrupts import say_how_to_resume
 from toolself.models.local import DTYPE_HELP
@@ -117,12 +117,7 @@ def eval_command(
         judge = run_preset.judge(judge)
     fresh = not (out / "run.json").exists()
     tool_options = tool_options.with_cache(out / "web_cache")
-    try:
-        pool = tool_options.pool()
-        if run_preset is not None:
-            run_preset.adapt_pool(pool, tool_options.web, tool_options.docs)
-    except Exception as exc:
-        _fail(f"building the tool pool: {exc}")
+    pool = preset_pool(tool_options, run_preset)
     loader = CheckingLoader(Provided.of(pool, tool_options.web, tool_options.judge, tool_options.docs),
                             tool_options.allow_missing)
     try:
