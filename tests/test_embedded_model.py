@@ -425,6 +425,22 @@ def test_a_prefill_keeps_the_cached_prefix_as_it_is_until_the_new_tokens_are_app
     assert keys.shape[2] == 7 and torch.equal(prefix[0][0], _kv(5, 0)[0][0]), "the store's entry is untouched"
 
 
+def test_a_prefill_with_room_holds_every_layers_cache_in_one_allocation_counted_once():
+    import torch
+
+    from toolself.models.engine import kv_bytes, new_cache
+
+    prefix = _kv(5, 0)
+    cache = new_cache(2, prefix, dtype=torch.float32, room=3, kv_shape=(3, 4))
+    new_keys = torch.ones(1, 3, 3, 4)
+    for layer in cache.layers:
+        layer.update(new_keys, new_keys)
+    kv = [(layer.keys, layer.values) for layer in cache.layers]
+    assert len({t.untyped_storage().data_ptr() for pair in kv for t in pair}) == 1
+    assert torch.equal(kv[1][0][:, :, :5], prefix[1][0]) and torch.equal(kv[1][0][:, :, 5:], new_keys)
+    assert kv_bytes(kv) == 2 * 2 * 3 * 8 * 4 * 4, "layers x keys/values x heads x tokens x dim x 4 bytes"
+
+
 def test_batch_rows_keep_their_caches_while_others_join_and_leave():
     import torch
 

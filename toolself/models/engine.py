@@ -107,8 +107,9 @@ class _Sequence:
 
 
 def kv_bytes(kv: KV) -> int:
-    """Bytes a cache keeps allocated: a view holds all of its buffer."""
-    return sum(k.untyped_storage().nbytes() + v.untyped_storage().nbytes() for k, v in kv)
+    """Bytes a cache keeps allocated: a view holds all of its buffer, counted once."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for pair in kv for t in pair}
+    return sum(storages.values())
 
 
 @dataclass
@@ -200,21 +201,58 @@ class PrefixStore:
 ATTENTION = "toolself_sdpa"
 
 
-class _CacheLayer(DynamicLayer):
-    """A growing cache layer that stores keys and values in the engine's cache dtype, whatever
-    the weights' (float32 for a bfloat16 model where the CPU has no AMX: see `local.kv_dtype`)."""
+def kv_block(num_layers: int, rows: int, heads: int, length: int, dim: int, dtype: torch.dtype,
+             device: Any) -> torch.Tensor:
+    """Every layer's keys and values for `rows` sequences in one allocation, [layer, key or
+    value, row, head, token, dim]. One block rather than a tensor per layer: a block of tens of
+    megabytes gets a mapping of its own from glibc and is returned whole when freed, where
+    per-layer tensors of a megabyte or two, allocated between a forward pass's temporaries and
+    a little larger every turn, left the heap fragmented (docs/notes/2026-12-04-embedded-memory.md)."""
+    return torch.empty(num_layers, 2, rows, heads, length, dim, dtype=dtype, device=device)
 
-    def __init__(self, dtype: torch.dtype):
+
+class _CacheLayer(DynamicLayer):
+    """A cache layer that stores keys and values in the engine's cache dtype, whatever the
+    weights' (float32 for a bfloat16 model where the CPU has no AMX: see `local.kv_dtype`):
+    written into preallocated buffers when it has them, else grown by concatenation."""
+
+    def __init__(self, dtype: torch.dtype, keys: torch.Tensor | None = None, values: torch.Tensor | None = None,
+                 filled: int = 0):
         super().__init__()
         self.kv_dtype = dtype
+        self.kbuf, self.vbuf = keys, values
+        if keys is not None:
+            self.lazy_initialization(keys, values)
+            self.keys, self.values = keys[:, :, :filled], values[:, :, :filled]
 
     def update(self, key_states, value_states, *args, **kwargs):
-        return super().update(key_states.to(self.kv_dtype), value_states.to(self.kv_dtype), *args, **kwargs)
+        key_states, value_states = key_states.to(self.kv_dtype), value_states.to(self.kv_dtype)
+        start = self.keys.shape[-2] if self.is_initialized else 0
+        end = start + key_states.shape[-2]
+        if self.kbuf is None or end > self.kbuf.shape[-2]:
+            return super().update(key_states, value_states, *args, **kwargs)
+        self.kbuf[:, :, start:end] = key_states
+        self.vbuf[:, :, start:end] = value_states
+        self.keys, self.values = self.kbuf[:, :, :end], self.vbuf[:, :, :end]
+        return self.keys, self.values
 
 
-def new_cache(num_layers: int, prefix: KV | None = None, dtype: torch.dtype = torch.float32) -> Cache:
-    """A cache holding `prefix` as it is (views of a store entry are never written into: the
-    next `update` concatenates), so that a prefill allocates its cache once, not twice."""
+def new_cache(num_layers: int, prefix: KV | None = None, dtype: torch.dtype = torch.float32, room: int = 0,
+              kv_shape: tuple[int, int] | None = None, device: Any = None) -> Cache:
+    """A cache holding `prefix`. With `room` (and `kv_shape`, the key/value heads and head
+    dimension), one `kv_block` holds the prefix and `room` more tokens, so that the prefill
+    allocates its cache once, before its temporaries; without, the prefix is held as it is
+    (views of a store entry are never written into: the next `update` concatenates)."""
+    if room > 0 and kv_shape is not None:
+        filled = prefix[0][0].shape[2] if prefix else 0
+        block = kv_block(num_layers, 1, kv_shape[0], filled + room, kv_shape[1], dtype, device)
+        layers = []
+        for li in range(num_layers):
+            if prefix:
+                block[li, 0, :, :, :filled] = prefix[li][0]
+                block[li, 1, :, :, :filled] = prefix[li][1]
+            layers.append(_CacheLayer(dtype, block[li, 0], block[li, 1], filled))
+        return Cache(layers=layers)
     layers = [_CacheLayer(dtype) for _ in range(num_layers)]
     if prefix:
         for layer, (k, v) in zip(layers, prefix):
@@ -283,14 +321,18 @@ class _Batch:
         self.capacity = 0
         self.layers: list[_RowLayer] = []
         self.mask = torch.zeros(0, 0, dtype=torch.long)
-        self.layouts = 0  # how many times the rows were copied into new buffers
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def row_kv(self, i: int) -> KV:
-        """A copy of row i's cache, detached from the shared buffer."""
-        return [(k.clone(), v.clone()) for k, v in self._row_view(i)]
+        """A copy of row i's cache, detached from the shared buffer, in one `kv_block`."""
+        views = self._row_view(i)
+        k0 = views[0][0]
+        block = kv_block(len(views), 1, k0.shape[1], k0.shape[2], k0.shape[3], k0.dtype, k0.device)
+        for li, (k, v) in enumerate(views):
+            block[li, 0], block[li, 1] = k, v
+        return [(block[li, 0], block[li, 1]) for li in range(len(views))]
 
     def _row_view(self, i: int) -> KV:
         n = len(self.rows[i].fed)
@@ -357,12 +399,12 @@ class _Batch:
         width = max(len(s.fed) for s, _ in sources)
         capacity = width + max(len(s.unfed) + s.remaining for s, _ in sources) + 16
         rows = min(self.max_rows, 1 << (len(sources) - 1).bit_length())
-        k0, v0 = sources[0][1][0]
+        k0 = sources[0][1][0][0]
         heads, dim = k0.shape[1], k0.shape[3]
+        block = kv_block(self.num_layers, rows, heads, capacity, dim, k0.dtype, k0.device)
         layers = []
         for li in range(self.num_layers):
-            kbuf = torch.empty(rows, heads, capacity, dim, dtype=k0.dtype, device=k0.device)
-            vbuf = torch.empty(rows, heads, capacity, v0.shape[3], dtype=v0.dtype, device=v0.device)
+            kbuf, vbuf = block[li, 0], block[li, 1]
             for i, (s, kv) in enumerate(sources):
                 n = len(s.fed)
                 kbuf[i, :, : width - n] = 0
@@ -376,7 +418,6 @@ class _Batch:
         for i, s in enumerate(self.rows):
             self.mask[i, width - len(s.fed) : width] = 1
         self.width, self.capacity = width, capacity
-        self.layouts += 1
 
     def cache_for_step(self, span: int = 1) -> tuple[Cache, torch.Tensor]:
         """The cache and mask for a step that feeds every row `span` tokens."""
@@ -412,6 +453,9 @@ class Engine:
         self.max_batch = max_batch
         self.store = PrefixStore(cache_entries, cache_bytes)
         self.num_layers = model.config.num_hidden_layers
+        config = model.config
+        self.kv_shape = (config.num_key_value_heads,
+                         getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
         self._pending: list[Request] = []
         self._ready: list[_Sequence] = []
         self._prefilling = 0
@@ -534,15 +578,12 @@ class Engine:
                     with self._cond:
                         self._prefilling -= 1
                         self._decoding += 1 if seq is not None else 0
-                layouts = batch.layouts
                 for seq in joining:
                     try:
                         batch.join(seq)
                     except Exception as exc:
                         if not seq.request.future.done():
                             seq.request.future.set_exception(exc)
-                if batch.layouts != layouts:
-                    release_freed_memory()
                 if batch.rows:
                     try:
                         if bitmask is None:
@@ -581,7 +622,9 @@ class Engine:
         else:
             store_key = self.store.new_key()
         new_ids = request.prompt_ids[reused:] + request.forced_ids
-        cache = new_cache(self.num_layers, prefix_kv, self.kv_dtype)
+        cache = new_cache(self.num_layers, prefix_kv, self.kv_dtype, room=len(new_ids), kv_shape=self.kv_shape,
+                          device=self.device)
+        prefix_kv = None  # copied: a taken entry is freed before the forward pass
         positions = torch.arange(reused, reused + len(new_ids), device=self.device).unsqueeze(0)
         out = self.model(input_ids=torch.tensor([new_ids], device=self.device), position_ids=positions, cache=cache,
                          use_cache=True, logits_to_keep=1)
