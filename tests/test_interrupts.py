@@ -47,12 +47,19 @@ def stuck():
     reply.release.set()
 
 
+def heed_ctrl_c() -> None:
+    """A shell that starts the test run in the background has it ignore SIGINT, which its
+    children inherit: give the command the default disposition a terminal's Ctrl-C meets."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupted(args: list[str], cwd: Path, ready: threading.Event | None = None, marker: str | None = None,
                 within: float = 60) -> subprocess.CompletedProcess:
     """Start `python -m toolself ARGS`, send SIGINT once `ready` is set (or `marker` is in its
     output), and return how it ended."""
     env = {k: v for k, v in os.environ.items() if k != "TOOLSELF_DEBUG"}
     process = subprocess.Popen([sys.executable, "-m", "toolself", *args], cwd=cwd, env=env, text=True,
+                               preexec_fn=heed_ctrl_c,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     seen: list[str] = []
     came = threading.Event()
