@@ -194,7 +194,7 @@ def methods() -> None:
 
 def _mount() -> None:
     """Sub-commands live beside what they drive; they import their heavy parts lazily."""
-    from toolself.demo import demo_command
+    from toolself.demo_cli import demo_command
     from toolself.evals.cli import tasks_app
     from toolself.evals.eval_cli import eval_command, report_command
     from toolself.tools.cli import tools_app

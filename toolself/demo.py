@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
@@ -33,7 +32,6 @@ from rich.table import Table
 from rich.text import Text
 
 from toolself.agent import Observer
-from toolself.cli_errors import fail
 from toolself.config import Configuration
 from toolself.evals.report import short_dataset
 from toolself.trajectory import Stage, Step, Trajectory, write_jsonl
@@ -296,16 +294,3 @@ def run_demo(out: Path, console: Console | None = None, task_id: str | None = No
                   highlight=False)
     return attempts
 
-
-def demo_command(
-    out: Path = typer.Option(Path("runs/demo/trajectories.jsonl"), "--out", "-o",
-                             help="Write the two trajectories to this JSONL file (replaced)."),
-    task: Optional[str] = typer.Option(None, help=f"A held-out task of {DEMO_SUITE} (published suites); default: "
-                                                  "the first the adapter solved and the zero-shot model failed."),
-) -> None:
-    """The zero-shot embedded model and the CAT-trained one (embedded:cat) on the same held-out
-    task: each stage's configuration, what changed and why, the tool calls and the verdict."""
-    try:
-        run_demo(out, task_id=task)
-    except ValueError as exc:
-        fail(str(exc))

@@ -26,11 +26,11 @@ import threading
 from dataclasses import asdict, dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
-import bm25s
-import numpy as np
-from bm25s.stopwords import STOPWORDS_EN
+if TYPE_CHECKING:  # bm25s and numpy load when a collection is indexed, not with the CLI
+    import bm25s
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,6 @@ TEXT_SUFFIXES = {".txt", ".md", ".markdown", ".rst", ".text"}
 HTML_SUFFIXES = {".html", ".htm", ".xhtml"}
 PDF_SUFFIXES = {".pdf"}
 _TOKEN = re.compile(r"\w\w+")
-_STOPWORDS = frozenset(STOPWORDS_EN)
 
 
 @dataclass(frozen=True)
@@ -70,6 +69,9 @@ class Analyzer:
     """
 
     def __init__(self) -> None:
+        from bm25s.stopwords import STOPWORDS_EN
+
+        self._stopwords = frozenset(STOPWORDS_EN)
         try:
             import Stemmer  # PyStemmer
 
@@ -94,7 +96,7 @@ class Analyzer:
                 stems = self._stem_words(missing)
         else:
             stems = missing
-        learned = {w: "" if w in _STOPWORDS else s for w, s in zip(missing, stems)}
+        learned = {w: "" if w in self._stopwords else s for w, s in zip(missing, stems)}
         if len(self.stem_of) < self.MAX_WORDS:
             self.stem_of.update(learned)
         return learned
@@ -310,6 +312,8 @@ class Collection:
                 docs = [Document(**json.loads(line)) for line in handle]
             collection = cls(docs, name=name)
             if docs:
+                import bm25s
+
                 collection._index = bm25s.BM25.load(str(cache / "bm25"), mmap=True, show_progress=False, verbosity=0)
             return collection
         except (OSError, ValueError, KeyError, TypeError):
@@ -353,6 +357,8 @@ class Collection:
         return self._index
 
     def _build_index(self) -> bm25s.BM25:
+        import bm25s
+
         an = analyzer()
         vocab: dict[str, int] = {}
         word_id: dict[str, int] = {}  # raw word -> token id, -1 for stopwords
@@ -374,10 +380,14 @@ class Collection:
 
     def _document_frequency(self) -> np.ndarray:
         if self._df is None:
+            import numpy as np
+
             self._df = np.diff(np.asarray(self.index.scores["indptr"]))
         return self._df
 
     def search(self, query: str, k: int = 5) -> list[SearchResult]:
+        import numpy as np
+
         if not self.documents:
             return []
         an = analyzer()

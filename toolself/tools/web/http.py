@@ -14,11 +14,12 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+from toolself.tools.errors import ToolError
 
-from toolself.tools.base import ToolError
+if TYPE_CHECKING:  # httpx loads with the first request, not with the CLI
+    import httpx
 
 
 class ServiceError(ToolError):
@@ -59,6 +60,8 @@ def _delay(policy: RetryPolicy, attempt: int, response: httpx.Response | None) -
 def request(service: str, method: str, url: str, *, policy: RetryPolicy, key_names: tuple[str, ...] = (),
             forbidden_hint: str = "", **kwargs: Any) -> httpx.Response:
     """The service's successful response, or `ServiceError` after the treatment above."""
+    import httpx
+
     problem = ""
     for attempt in range(policy.attempts):
         response: httpx.Response | None = None

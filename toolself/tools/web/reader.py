@@ -18,14 +18,15 @@ import os
 import re
 import socket
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 from urllib.parse import urlsplit
 
-import httpx
-
-from toolself.tools.base import ToolError
 from toolself.tools.collection import Document, html_to_text
+from toolself.tools.errors import ToolError
 from toolself.tools.web.http import RetryPolicy, ServiceError, api_key, json_body, request
+
+if TYPE_CHECKING:  # httpx loads with the first page read, not with the CLI
+    import httpx
 
 MAX_FETCH_BYTES = 10 * 1024 * 1024
 FETCH_TIMEOUT_S = 20.0
@@ -78,6 +79,8 @@ class DirectReader:
     timeout: float = FETCH_TIMEOUT_S
 
     def read(self, url: str) -> Document:
+        import httpx
+
         try:
             with httpx.Client(timeout=self.timeout, follow_redirects=True, max_redirects=5,
                               event_hooks={"request": [_refuse_private_hop]},
