@@ -26,44 +26,29 @@ format: gaia `level=N`, `text_only=1` (GAIA(WS): rows without attachments); sweb
 environment, `DIR/<instance_id>` or `DIR/<owner>__<name>__<version>`), and for repositories
 without an official spec `test_cmd=...` (the test files are appended) and `log_parser=REPO`.
 
-Each loader names the scorer of its benchmark's rules in `metadata["scorer"]`.
+Each loader names the scorer of its benchmark's rules in `metadata["scorer"]`. Every loader reads
+its rows through `task_rows`; SWE-bench's, which also reaches clones, environments and git, is
+`swebench_tasks`.
 """
 
 from __future__ import annotations
 
 import ast
 import base64
-import csv
-import json
 import random
-import re
-import shlex
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 from urllib.parse import parse_qsl
 
 from rich.console import Console
 from rich.markup import escape
 
-from toolself.evals.rules.swebench import (TEST_PATCH_FILE, SweBenchEnvironmentMissing, environment_name,
-                                           instance_spec, require_environment, swebench_check_command)
+from toolself.evals.swebench_tasks import load_swebench
 from toolself.evals.task import Task
+from toolself.evals.task_rows import RowError, SkippedRow, each_row, read_rows, require_fields, split_for
 
-csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 _console = Console(stderr=True)
-
-
-@dataclass
-class SkippedRow:
-    file: str
-    line: int
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}: {self.reason}"
 
 
 class LoadedTasks(list):
@@ -73,10 +58,6 @@ class LoadedTasks(list):
         super().__init__(tasks)
         self.skipped: list[SkippedRow] = list(skipped or [])
         self.source = source
-
-
-class RowError(ValueError):
-    """A row that cannot become a task; the message says why."""
 
 
 @dataclass
@@ -146,99 +127,6 @@ def _flag(options: dict[str, str], name: str) -> bool:
     return options.get(name, "").lower() in ("1", "true", "yes", "on")
 
 
-# reading rows --------------------------------------------------------------------------------
-
-Row = tuple[int, dict[str, Any]]
-
-
-def _rows(path: Path, skipped: list[SkippedRow]) -> Iterator[Row]:
-    """(line, record) for JSONL, JSON (a list or {"data": [...]}), CSV, TSV or parquet.
-    For JSON lists the 'line' is the item's position (1-based); for CSV the record's first line."""
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson"):
-        with path.open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    skipped.append(SkippedRow(str(path), number, f"not JSON: {exc.msg}"))
-                    continue
-                if not isinstance(record, dict):
-                    skipped.append(SkippedRow(str(path), number, f"a row must be a JSON object, not {type(record).__name__}"))
-                    continue
-                yield number, record
-    elif suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(data, dict):
-            data = next((v for v in data.values() if isinstance(v, list)), [data])
-        for number, record in enumerate(data, 1):
-            if not isinstance(record, dict):
-                skipped.append(SkippedRow(str(path), number, f"item must be a JSON object, not {type(record).__name__}"))
-                continue
-            yield number, record
-    elif suffix in (".csv", ".tsv"):
-        with path.open(encoding="utf-8-sig", newline="") as handle:
-            reader = csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ",")
-            while True:
-                line = reader.line_num + 1
-                try:
-                    record = next(reader)
-                except StopIteration:
-                    return
-                except csv.Error as exc:
-                    skipped.append(SkippedRow(str(path), line, f"not CSV: {exc}"))
-                    continue
-                if None in record:
-                    skipped.append(SkippedRow(str(path), line, "more fields than the header has"))
-                    continue
-                yield line, record
-    elif suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:  # pragma: no cover - pyarrow comes with datasets
-            raise RuntimeError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from exc
-        for number, record in enumerate(pq.read_table(path).to_pylist(), 1):
-            yield number, record
-    else:
-        raise ValueError(f"{path}: unsupported file type {suffix!r} (use .jsonl, .json, .csv, .tsv or .parquet)")
-
-
-def _each(path: Path, skipped: list[SkippedRow], make: Callable[[int, dict[str, Any]], Task | None]) -> list[Task]:
-    tasks = []
-    for line, record in _rows(path, skipped):
-        try:
-            task = make(line, record)
-        except RowError as exc:
-            skipped.append(SkippedRow(str(path), line, str(exc)))
-            continue
-        if task is not None:
-            tasks.append(task)
-    return tasks
-
-
-def _require(record: dict[str, Any], *names: str) -> list[Any]:
-    values = []
-    for name in names:
-        value = record.get(name)
-        if value is None or (isinstance(value, str) and not value.strip()):
-            raise RowError(f"missing field {name!r}")
-        values.append(value)
-    return values
-
-
-def _split_name(path: Path, split: str | None) -> str:
-    if split:
-        return split
-    name = str(path).lower()
-    for candidate, label in (("validation", "validation"), ("dev", "validation"), ("train", "train"),
-                             ("test", "test")):
-        if candidate in Path(name).name or f"/{candidate}/" in name:
-            return label
-    return "test"
-
-
 # GAIA ----------------------------------------------------------------------------------------
 
 def load_gaia(path: Path, split: str | None, options: dict[str, str], skipped: list[SkippedRow]) -> list[Task]:
@@ -249,12 +137,12 @@ def load_gaia(path: Path, split: str | None, options: dict[str, str], skipped: l
             raise FileNotFoundError(f"{path}: no metadata.jsonl or metadata.parquet in this folder")
         path = found
     base = path.parent.resolve()
-    split_name = _split_name(path, split)
+    split_name = split_for(path, split)
     level = options.get("level")
     text_only = _flag(options, "text_only") or _flag(options, "ws")
 
     def make(line: int, record: dict[str, Any]) -> Task | None:
-        task_id, question = _require(record, "task_id", "Question")
+        task_id, question = require_fields(record, "task_id", "Question")
         answer = record.get("Final answer")
         if answer is None:
             raise RowError("missing field 'Final answer'")
@@ -279,7 +167,7 @@ def load_gaia(path: Path, split: str | None, options: dict[str, str], skipped: l
         return Task(id=str(task_id), question=text, answer=None if answer == "?" else answer,
                     level=record.get("Level"), family="gaia", split=split_name, metadata=metadata, files=files)
 
-    return _each(path, skipped, make)
+    return each_row(path, skipped, make)
 
 
 # FRAMES --------------------------------------------------------------------------------------
@@ -299,10 +187,10 @@ def _literal_list(value: Any) -> list[str]:
 
 
 def load_frames(path: Path, split: str | None, options: dict[str, str], skipped: list[SkippedRow]) -> list[Task]:
-    split_name = _split_name(path, split)
+    split_name = split_for(path, split)
 
     def make(line: int, record: dict[str, Any]) -> Task:
-        prompt, answer = _require(record, "Prompt", "Answer")
+        prompt, answer = require_fields(record, "Prompt", "Answer")
         index = record.get("Unnamed: 0") or record.get("") or record.get("id") or str(line)
         links = _literal_list(record.get("wiki_links"))
         if not links:
@@ -313,7 +201,7 @@ def load_frames(path: Path, split: str | None, options: dict[str, str], skipped:
                     metadata={"wiki_links": links, "reasoning_types": [r.strip() for r in str(reasoning).split("|") if r.strip()],
                               "scorer": "frames_judge"})
 
-    return _each(path, skipped, make)
+    return each_row(path, skipped, make)
 
 
 # xbench-DeepSearch ---------------------------------------------------------------------------
@@ -334,10 +222,10 @@ def xbench_decrypt(ciphertext: str, canary: str) -> str:
 
 
 def load_xbench(path: Path, split: str | None, options: dict[str, str], skipped: list[SkippedRow]) -> list[Task]:
-    split_name = _split_name(path, split)
+    split_name = split_for(path, split)
 
     def make(line: int, record: dict[str, Any]) -> Task:
-        row_id, prompt, answer, canary = _require(record, "id", "prompt", "answer", "canary")
+        row_id, prompt, answer, canary = require_fields(record, "id", "prompt", "answer", "canary")
         try:
             question = xbench_decrypt(prompt, canary)
             reference = xbench_decrypt(answer, canary)
@@ -347,130 +235,7 @@ def load_xbench(path: Path, split: str | None, options: dict[str, str], skipped:
         return Task(id=f"xbench-{row_id}", question=question.strip(), answer=reference.strip(), family="xbench",
                     split=split_name, metadata={"reference_steps": steps, "scorer": "xbench_judge"})
 
-    return _each(path, skipped, make)
-
-
-# SWE-bench -----------------------------------------------------------------------------------
-
-def _test_list(value: Any, name: str) -> list[str]:
-    if isinstance(value, list):
-        return [str(v) for v in value]
-    try:
-        parsed = json.loads(value) if isinstance(value, str) else value
-    except json.JSONDecodeError as exc:
-        raise RowError(f"{name} is not a JSON-encoded list ({exc.msg})") from None
-    if not isinstance(parsed, list):
-        raise RowError(f"{name} is not a list")
-    return [str(v) for v in parsed]
-
-
-@dataclass
-class SweBenchSetup:
-    """Puts the tree of `base_commit` of a local clone into the workspace as a fresh one-commit
-    repository (so `git diff` shows the attempt's changes).
-
-    Only the tree is exported (`git archive`): no object is shared with the user's clone, so
-    nothing the attempt does can touch it, and no later commit (which may hold the fix) is
-    visible. As in the official harness, the test patch is not shown to the attempt: it is
-    applied by the check (see `swebench_check_command`)."""
-
-    clone: Path | None
-    base_commit: str
-    instance_id: str
-    refusal: str | None = None
-
-    def __call__(self, workspace: Path) -> None:
-        if self.clone is None:
-            raise ValueError(f"{self.instance_id}: SWE-bench tasks need a local clone: add ?repo=PATH to the spec")
-        if self.refusal:
-            raise SweBenchEnvironmentMissing(self.refusal)
-
-        def run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
-            result = subprocess.run(args, cwd=workspace, capture_output=True, **kwargs)
-            if result.returncode != 0:
-                error = result.stderr.decode(errors="replace") if isinstance(result.stderr, bytes) else result.stderr
-                raise RuntimeError(f"{self.instance_id}: {' '.join(args[:4])} failed: {error.strip()[-500:]}")
-            return result
-
-        archive = subprocess.Popen(["git", "-c", f"safe.directory={self.clone}", "-C", str(self.clone), "archive",
-                                    "--format=tar", self.base_commit], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        run(["tar", "-x", "-f", "-"], stdin=archive.stdout)
-        archive.stdout.close()
-        if archive.wait() != 0:
-            raise RuntimeError(f"{self.instance_id}: git archive {self.base_commit} failed: "
-                               f"{archive.stderr.read().decode(errors='replace').strip()[-500:]}")
-        identity = ["-c", "user.name=toolself", "-c", "user.email=toolself@localhost"]
-        run(["git", "init", "-q"])
-        run(["git", "add", "-A"])
-        run(["git", *identity, "commit", "-q", "--no-verify", "-m", f"base {self.base_commit}"])
-
-
-def _find_clone(root: Path | None, repo: str) -> Path | None:
-    if root is None:
-        return None
-    if (root / ".git").exists():
-        return root
-    owner, _, name = repo.partition("/")
-    for candidate in (root / repo.replace("/", "__"), root / name, root / owner / name):
-        if (candidate / ".git").exists():
-            return candidate
-    return None
-
-
-def _find_environment(envs: Path | None, instance_id: str, repo: str, version: str | None) -> Path | None:
-    if envs is None:
-        return None
-    for candidate in (envs / instance_id, envs / environment_name(repo, version)):
-        if (candidate / "bin" / "python").exists():
-            return candidate
-    return None
-
-
-def load_swebench(path: Path, split: str | None, options: dict[str, str], skipped: list[SkippedRow]) -> list[Task]:
-    split_name = _split_name(path, split)
-    root = Path(options["repo"]).expanduser().resolve() if options.get("repo") else None
-    if root is not None and not root.exists():
-        raise FileNotFoundError(f"{path}: no clone at {root}")
-    envs = Path(options["envs"]).expanduser().resolve() if options.get("envs") else None
-    if envs is not None and not envs.is_dir():
-        raise FileNotFoundError(f"{path}: no environments folder at {envs}")
-
-    def make(line: int, record: dict[str, Any]) -> Task:
-        instance_id, repo, base_commit, problem = _require(record, "instance_id", "repo", "base_commit", "problem_statement")
-        fail_to_pass = _test_list(record.get("FAIL_TO_PASS", "[]"), "FAIL_TO_PASS")
-        pass_to_pass = _test_list(record.get("PASS_TO_PASS", "[]"), "PASS_TO_PASS")
-        if not fail_to_pass:
-            raise RowError("FAIL_TO_PASS is empty")
-        test_patch = str(record.get("test_patch") or "")
-        if not test_patch.strip():
-            raise RowError("test_patch is empty")
-        clone = _find_clone(root, str(repo))
-        if root is not None and clone is None:
-            raise RowError(f"no clone of {repo} under {root}")
-        version = None if record.get("version") is None else str(record["version"])
-        if instance_spec(str(repo), version) is None and not options.get("test_cmd"):
-            raise RowError(f"no official SWE-bench spec for {repo} {version}: give test_cmd= and log_parser=")
-        environment = _find_environment(envs, str(instance_id), str(repo), version)
-        question = (f"Resolve this issue in the repository {repo} (checked out in your workspace):\n\n"
-                    f"{str(problem).strip()}")
-        task = Task(id=str(instance_id), question=question, answer=None, family="swebench", split=split_name,
-                    metadata={"repo": repo, "base_commit": base_commit, "version": version,
-                              "FAIL_TO_PASS": fail_to_pass, "PASS_TO_PASS": pass_to_pass,
-                              "test_patch": test_patch, "gold_patch": record.get("patch"), "scorer": "swebench",
-                              "environment": str(environment) if environment else None,
-                              "test_cmd": options.get("test_cmd"), "log_parser": options.get("log_parser")},
-                    check_files={TEST_PATCH_FILE: test_patch}, check_timeout=900.0,
-                    check_tests={"FAIL_TO_PASS": fail_to_pass, "PASS_TO_PASS": pass_to_pass})
-        task.check_command = swebench_check_command(task)
-        try:
-            require_environment(task)
-            refusal = None
-        except SweBenchEnvironmentMissing as exc:
-            refusal = str(exc)
-        task.setup = SweBenchSetup(clone, str(base_commit), str(instance_id), refusal)
-        return task
-
-    return _each(path, skipped, make)
+    return each_row(path, skipped, make)
 
 
 # HotpotQA ------------------------------------------------------------------------------------
@@ -485,14 +250,15 @@ def _unique_locator(title: str, seen: set[str]) -> str:
 
 
 def load_hotpotqa(path: Path, split: str | None, options: dict[str, str], skipped: list[SkippedRow]) -> list[Task]:
-    split_name = _split_name(path, split)
+    split_name = split_for(path, split)
 
     def make(line: int, record: dict[str, Any]) -> Task:
         seen: set[str] = set()
         documents = []
         supporting: list[str] = []
         if "contexts" in record:  # the processed form: question_text, answers_objects, contexts
-            qid, question, answers, contexts = _require(record, "question_id", "question_text", "answers_objects", "contexts")
+            qid, question, answers, contexts = require_fields(record, "question_id", "question_text",
+                                                              "answers_objects", "contexts")
             spans = [s for a in answers for s in (a.get("spans") or []) if s]
             if not spans:
                 raise RowError("answers_objects has no answer span")
@@ -505,7 +271,7 @@ def load_hotpotqa(path: Path, split: str | None, options: dict[str, str], skippe
                     supporting.append(locator)
             level = record.get("level")
         else:  # the original form: _id, question, answer, context [[title, [sentences]]]
-            qid, question, answer, context = _require(record, "_id", "question", "answer", "context")
+            qid, question, answer, context = require_fields(record, "_id", "question", "answer", "context")
             facts = {title for title, _ in record.get("supporting_facts") or []}
             for item in context:
                 if not (isinstance(item, (list, tuple)) and len(item) == 2):
@@ -522,16 +288,16 @@ def load_hotpotqa(path: Path, split: str | None, options: dict[str, str], skippe
                     family="hotpotqa", split=split_name, documents=documents,
                     metadata={"supporting": supporting, "type": record.get("type"), "scorer": "hotpotqa_em"})
 
-    return _each(path, skipped, make)
+    return each_row(path, skipped, make)
 
 
 # GSM8K and plain JSONL -----------------------------------------------------------------------
 
 def load_gsm8k(path: Path, split: str | None, options: dict[str, str], skipped: list[SkippedRow]) -> list[Task]:
-    split_name = _split_name(path, split)
+    split_name = split_for(path, split)
 
     def make(line: int, record: dict[str, Any]) -> Task:
-        question, solution = _require(record, "question", "answer")
+        question, solution = require_fields(record, "question", "answer")
         if "####" not in str(solution):
             raise RowError("answer has no '####' final answer")
         final = str(solution).rsplit("####", 1)[1].strip().replace(",", "")
@@ -540,14 +306,14 @@ def load_gsm8k(path: Path, split: str | None, options: dict[str, str], skipped: 
         return Task(id=str(record.get("id") or f"gsm8k-{line}"), question=str(question).strip(), answer=final,
                     family="gsm8k", split=split_name, metadata={"solution": solution, "scorer": "gsm8k_flexible"})
 
-    return _each(path, skipped, make)
+    return each_row(path, skipped, make)
 
 
 def load_jsonl(path: Path, split: str | None, options: dict[str, str], skipped: list[SkippedRow]) -> list[Task]:
-    split_name = _split_name(path, split)
+    split_name = split_for(path, split)
 
     def make(line: int, record: dict[str, Any]) -> Task:
-        (question,) = _require(record, "question")
+        (question,) = require_fields(record, "question")
         answer = record.get("answer")
         check = record.get("check_command")
         if answer is None and not check:
@@ -569,7 +335,7 @@ def load_jsonl(path: Path, split: str | None, options: dict[str, str], skipped: 
                     check_command=check, check_files=dict(record.get("check_files") or {}),
                     check_tests={"tests": [str(t) for t in tests]} if isinstance(tests, list) else dict(tests))
 
-    return _each(path, skipped, make)
+    return each_row(path, skipped, make)
 
 
 _LOADERS: dict[str, Callable[[Path, str | None, dict[str, str], list[SkippedRow]], list[Task]]] = {
@@ -586,7 +352,7 @@ def infer_kind(path: Path) -> str:
         raise ValueError(f"{path}: a folder is read as GAIA only when it holds metadata.jsonl; add a prefix")
     if path.name.startswith("metadata.") and path.suffix in (".jsonl", ".parquet"):
         return "gaia"
-    first = next(_rows(path, []), None)
+    first = next(read_rows(path, []), None)
     if first is None:
         raise ValueError(f"{path}: no readable rows to infer the format from; add a prefix such as jsonl:")
     keys = set(first[1])
