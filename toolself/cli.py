@@ -71,6 +71,35 @@ def demo_docs() -> Path:
 _fail = fail
 
 
+def _agent_settings(spec: ModelSpec, method: str, freeze: tuple[str, ...], run_preset, *,
+                    context_budget: Optional[int], **budgets):
+    """The agent's settings as `run` and `serve` build them: the model's defaults, the budgets
+    given, then the preset's (a usage error is the command's one error line)."""
+    from toolself.variants import settings_for
+
+    overrides = {**model_defaults(spec).settings(), **({"context_budget": context_budget} if context_budget else {}),
+                 **budgets}
+    try:
+        if run_preset is not None:
+            overrides.update(run_preset.settings(), time_limit=run_preset.timeout)
+        return settings_for(method, freeze, **overrides)
+    except ValueError as exc:
+        _fail(str(exc))
+
+
+def _checked_pool(tool_options: ToolOptions, run_preset):
+    """The tool pool, its needs checked as for a task in words (`check_free_task`): warnings
+    printed, a missing need the command's one error line."""
+    pool = preset_pool(tool_options, run_preset)
+    try:
+        for warning in check_free_task(tool_options, pool):
+            err_console.print(f"warning: {warning}", highlight=False)
+    except ValueError as exc:
+        pool.close()
+        _fail(str(exc))
+    return pool
+
+
 @app.command()
 @tool_options
 def run(
@@ -103,7 +132,7 @@ def run(
     from toolself.progress import RichObserver
     from toolself.tools.base import ToolContext
     from toolself.trajectory import write_jsonl
-    from toolself.variants import load_run_preset, settings_for
+    from toolself.variants import load_run_preset
 
     try:
         run_preset = load_run_preset(preset) if preset else None
@@ -117,23 +146,11 @@ def run(
         writer_spec = ModelSpec.parse(config_model) if config_model else None
     except ValueError as exc:
         _fail(str(exc))
-    budgets = {**model_defaults(spec).settings(), **({"context_budget": context_budget} if context_budget else {})}
-    try:
-        overrides = dict(max_stages=max_stages, max_steps_per_stage=max_steps, max_total_tokens=max_tokens,
-                         time_limit=timeout, **budgets)
-        if run_preset is not None:
-            overrides.update(run_preset.settings(), time_limit=run_preset.timeout)
-        settings = settings_for(method, tuple(freeze), **overrides)
-    except ValueError as exc:
-        _fail(str(exc))
+    settings = _agent_settings(spec, method, tuple(freeze), run_preset, max_stages=max_stages,
+                               max_steps_per_stage=max_steps, max_total_tokens=max_tokens, time_limit=timeout,
+                               context_budget=context_budget)
     tool_options = tool_options.with_cache(default_web_cache())
-    pool = preset_pool(tool_options, run_preset)
-    try:
-        for warning in check_free_task(tool_options, pool):
-            err_console.print(f"warning: {warning}", highlight=False)
-    except ValueError as exc:
-        pool.close()
-        _fail(str(exc))
+    pool = _checked_pool(tool_options, run_preset)
     console.print(f"loading the model {model} ...", highlight=False)
     started = time.monotonic()
     try:
@@ -165,20 +182,68 @@ def run(
 
 
 @app.command()
+@tool_options
 def serve(
     model: str = typer.Option("embedded", "--model", "-m", help=MODEL_SPECS),
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = typer.Option(8000, min=1, max=65535, help="Port to listen on."),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    method: str = typer.Option("toolself", help="The served agent's method, listed as toolself:METHOD "
+                                                "(see `toolself methods`)."),
+    preset: Optional[str] = preset_option(),
+    out: Path = typer.Option(Path("runs/serve"), help="Folder whose trajectories.jsonl receives every agent "
+                                                      "attempt (`toolself view` opens it)."),
+    agent_concurrency: int = typer.Option(2, min=1, help="Most agent attempts running at once; later "
+                                                         "requests wait their turn."),
+    max_stages: int = typer.Option(6, min=1, help="Most stages in an agent attempt."),
+    max_steps: int = typer.Option(12, min=1, help="Most actions in one stage."),
+    max_tokens: int = typer.Option(200_000, min=1, help="Most prompt + completion tokens in an agent attempt."),
+    timeout: Optional[float] = typer.Option(None, min=1, help="Wall-clock limit of an agent attempt in seconds "
+                                                              "(default: none)."),
+    context_budget: Optional[int] = typer.Option(None, min=1, help="Visible-context budget in the model's tokens "
+                                                 "(default: 3000 for embedded and local models, else 16000)."),
+    tool_options: ToolOptions = ToolOptions(),
 ) -> None:
-    """Serve a model behind an OpenAI-compatible API (/v1/chat/completions, /v1/models, /health)."""
+    """Serve a model, and the ToolSelf agent over it, behind an OpenAI-compatible API
+    (/v1/chat/completions, /v1/models, /health).
+
+    A request naming the model gets the model's reply. A request naming the agent
+    (toolself:METHOD) runs one whole attempt on its last user message, with the tools these
+    options give, and answers with the final answer; the trajectory is appended to
+    OUT/trajectories.jsonl, its id in the X-Toolself-Trajectory header and the body's
+    `toolself` field. For example:
+
+        curl localhost:8000/v1/chat/completions -H 'content-type: application/json' \\
+          -d '{"model": "toolself:toolself", "messages": [{"role": "user", "content": "Who founded Brightwater?"}]}'
+    """
+    from toolself.models import ModelError
     from toolself.serve import serve as serve_model
+    from toolself.serve_agent import ServedAgent
+    from toolself.variants import load_run_preset
 
     try:
         spec = ModelSpec.parse(model)
+        run_preset = load_run_preset(preset) if preset else None
     except ValueError as exc:
         _fail(str(exc))
-    serve_model(spec.load(**spec.options(0.0, 0, dtype)), host=host, port=port)
+    settings = _agent_settings(spec, method, (), run_preset, max_stages=max_stages, max_steps_per_stage=max_steps,
+                               max_total_tokens=max_tokens, time_limit=timeout, context_budget=context_budget)
+    tool_options = tool_options.with_cache(default_web_cache())
+    pool = _checked_pool(tool_options, run_preset)
+    try:
+        try:
+            policy = spec.load(**{**spec.options(0.0, 0, dtype),
+                                  **(run_preset.model_options(model) if run_preset else {})})
+        except (ValueError, OSError, ImportError, ModelError) as exc:
+            _fail(f"loading the model {model}: {exc}", code=1)
+        agent = ServedAgent(policy, pool, settings, out, concurrency=agent_concurrency,
+                            collection=tool_options.collection(), preset=preset)
+        try:
+            serve_model(policy, host=host, port=port, agent=agent)
+        finally:
+            agent.close()
+    finally:
+        pool.close()
 
 
 @app.command()

@@ -10,6 +10,9 @@ that asks for `logprobs`, `n=4` or a penalty and silently gets something else wo
 wrong samples. A model with `astream` (the embedded one) samples with the request's
 `temperature`, `top_p` and `seed` and streams token by token; any other model replies as it
 always does (a scripted model has nothing to sample) and its stream comes in one piece.
+
+The wire records live in `serve_wire`; the agent that `toolself serve` lists beside the model
+(`toolself:METHOD`, one attempt per request) in `serve_agent`, which this app routes to by name.
 """
 
 from __future__ import annotations
@@ -22,212 +25,20 @@ import time
 import uuid
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncIterator, Literal
+from typing import Any, AsyncIterator, Protocol
 
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from toolself.models.base import ChatModel, Completion, Message, ToolCall, Usage
+from toolself.models.base import ChatModel, Completion, Message, Usage
 from toolself.models.protocol import new_call_id
+from toolself.serve_wire import ChatRequest, error_response, usage_body, validation_error
 
 log = logging.getLogger(__name__)
-
-
-# -- request records ---------------------------------------------------------------------------
-
-class _Lenient(BaseModel):
-    # Clients send fields we do not use (top_p, seed, user, ...); OpenAI servers ignore them too.
-    model_config = ConfigDict(extra="ignore")
-
-
-class FunctionCallIn(_Lenient):
-    name: str
-    arguments: str | dict[str, Any] | None = None
-
-
-class ToolCallIn(_Lenient):
-    id: str = ""
-    type: Literal["function"] = "function"
-    function: FunctionCallIn
-
-
-class ContentPart(_Lenient):
-    type: str
-    text: str | None = None
-
-
-class ChatMessageIn(_Lenient):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
-    tool_calls: list[ToolCallIn] | None = None
-    tool_call_id: str | None = None
-    name: str | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> "ChatMessageIn":
-        if isinstance(self.content, list):
-            for part in self.content:
-                if part.type != "text" or part.text is None:
-                    raise ValueError(f"only text content parts are supported, got a {part.type!r} part")
-        if self.role == "tool" and not self.tool_call_id:
-            raise ValueError("a tool message needs tool_call_id")
-        if self.tool_calls and self.role != "assistant":
-            raise ValueError("only assistant messages may carry tool_calls")
-        return self
-
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(p.text or "" for p in self.content)
-        return self.content or ""
-
-    def to_message(self) -> Message:
-        calls = [ToolCall.from_raw(c.function.name, c.function.arguments, id=c.id) for c in self.tool_calls or []]
-        role = "system" if self.role == "developer" else self.role
-        return Message(role=role, content=self.text(), tool_calls=calls, tool_call_id=self.tool_call_id,
-                       name=self.name if self.role == "tool" else None)
-
-
-class FunctionSpec(_Lenient):
-    name: str = Field(min_length=1)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-
-
-class ToolSpec(_Lenient):
-    type: Literal["function"] = "function"
-    function: FunctionSpec
-
-
-class JsonSchemaSpec(_Lenient):
-    name: str = "response"
-    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(_Lenient):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaSpec | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> "ResponseFormat":
-        if self.type == "json_schema" and self.json_schema is None:
-            raise ValueError("response_format of type json_schema needs a json_schema object")
-        return self
-
-
-class StreamOptions(_Lenient):
-    include_usage: bool = False
-
-
-class NamedToolChoice(_Lenient):
-    type: Literal["function"] = "function"
-    function: FunctionSpec
-
-
-class ChatRequest(BaseModel):
-    """The chat-completions fields this server honours; any other field is refused."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str | None = None
-    messages: list[ChatMessageIn] = Field(min_length=1)
-    tools: list[ToolSpec] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    response_format: ResponseFormat | None = None
-    max_tokens: int | None = Field(default=None, gt=0)
-    max_completion_tokens: int | None = Field(default=None, gt=0)
-    n: int = 1
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    # Accepted because they never change a reply.
-    user: str | None = None
-    metadata: dict[str, str] | None = None
-    store: bool | None = None
-    parallel_tool_calls: bool | None = None
-    service_tier: str | None = None
-    # toolself extension: names the episode so the backend can keep its cache between turns.
-    session: str | None = None
-
-    @model_validator(mode="after")
-    def _refuse_what_is_not_served(self) -> "ChatRequest":
-        if self.n != 1:
-            raise ValueError("n: this server returns one choice per request; send n=1 (or several requests)")
-        if self.logprobs or self.top_logprobs:
-            raise ValueError("logprobs: this server does not return log-probabilities")
-        for name in ("frequency_penalty", "presence_penalty"):
-            if getattr(self, name):
-                raise ValueError(f"{name}: this server does not apply penalties; send 0 or leave it out")
-        if self.logit_bias:
-            raise ValueError("logit_bias: this server does not bias logits")
-        if len(self.stop_sequences()) > 4:
-            raise ValueError("stop: at most 4 sequences")
-        if isinstance(self.tool_choice, NamedToolChoice):
-            names = [t.function.name for t in self.tools or []]
-            if self.tool_choice.function.name not in names:
-                raise ValueError(f"tool_choice: {self.tool_choice.function.name!r} is not among the tools {names}")
-        elif self.tool_choice == "required" and not self.tools:
-            raise ValueError("tool_choice: 'required' needs tools")
-        return self
-
-    def stop_sequences(self) -> list[str]:
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return [s for s in stop if s]
-
-    def tool_schemas(self) -> list[dict[str, Any]] | None:
-        """The tools offered to the model: none for `tool_choice="none"`, only the named one for
-        a named choice (the embedded model's grammar then has to call it)."""
-        if not self.tools or self.tool_choice == "none":
-            return None
-        tools = self.tools
-        if isinstance(self.tool_choice, NamedToolChoice):
-            tools = [t for t in tools if t.function.name == self.tool_choice.function.name]
-        return [t.model_dump(exclude_none=True) for t in tools]
-
-    def sampling(self, model: Any) -> Any:
-        """The sampling of this request for a model that takes one per call (the model's own
-        settings fill the fields the request leaves out), or None to keep the model's."""
-        if self.temperature is None and self.top_p is None and self.seed is None:
-            return None
-        from toolself.models.local import Sampling
-
-        return Sampling(temperature=getattr(model, "temperature", 0.0) if self.temperature is None else self.temperature,
-                        top_p=getattr(model, "top_p", 1.0) if self.top_p is None else self.top_p,
-                        seed=getattr(model, "seed", 0) if self.seed is None else self.seed)
-
-    def response_schema(self) -> dict[str, Any] | None:
-        fmt = self.response_format
-        if fmt is None or fmt.type == "text":
-            return None
-        if fmt.type == "json_object":
-            return {"type": "object"}
-        return fmt.json_schema.schema_ if fmt.json_schema else None
-
-
-# -- responses ---------------------------------------------------------------------------------
-
-def error_response(status: int, message: str, type_: str = "invalid_request_error",
-                   param: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": None}},
-                        status_code=status)
-
-
-def _usage_body(usage: Usage) -> dict[str, Any]:
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens, "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
 
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
@@ -404,7 +215,7 @@ class _Exchange:
         choice = {"index": 0, "message": merge_deltas(deltas),
                   "finish_reason": self.writer.finish_reason(self.completion), "logprobs": None}
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.name,
-                "choices": [choice], "usage": _usage_body(self.usage())}
+                "choices": [choice], "usage": usage_body(self.usage())}
 
     async def events(self, first: str | Completion) -> AsyncIterator[str]:
         base = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.name}
@@ -423,15 +234,29 @@ class _Exchange:
             return
         yield event({}, self.writer.finish_reason(self.completion))
         if self.req.stream_options and self.req.stream_options.include_usage:
-            yield f"data: {json.dumps({**base, 'choices': [], 'usage': _usage_body(self.usage())})}\n\n"
+            yield f"data: {json.dumps({**base, 'choices': [], 'usage': usage_body(self.usage())})}\n\n"
         yield "data: [DONE]\n\n"
 
 
 # -- app ---------------------------------------------------------------------------------------
 
-def create_app(model: ChatModel, served_name: str | None = None, max_threads: int = 64) -> Starlette:
+class AgentEndpoint(Protocol):
+    """A second model the server lists and routes to by name (`toolself.serve_agent`)."""
+
+    name: str
+
+    def model_entry(self, created: int) -> dict[str, Any]: ...
+
+    async def respond(self, request: Request, req: ChatRequest) -> Response: ...
+
+    def cancel_all(self) -> None: ...
+
+
+def create_app(model: ChatModel, served_name: str | None = None, max_threads: int = 64,
+               agent: AgentEndpoint | None = None) -> Starlette:
     """An OpenAI-compatible app over `model`. Any `model` name in a request is accepted:
-    one server serves one model, listed under `served_name` (default: the model's name).
+    one server serves one model, listed under `served_name` (default: the model's name),
+    except the name of `agent`, whose requests it answers.
 
     Blocking models run their `acomplete` in the event loop's default executor, which asyncio
     sizes by CPU count (6 threads on 2 cores); `max_threads` widens it so that many
@@ -456,7 +281,9 @@ def create_app(model: ChatModel, served_name: str | None = None, max_threads: in
         try:
             req = ChatRequest.model_validate(payload)
         except ValidationError as exc:
-            return _validation_error(exc)
+            return validation_error(exc)
+        if agent is not None and req.model == agent.name:
+            return await agent.respond(request, req)
         widen_executor()
         exchange = _Exchange(model, req, [m.to_message() for m in req.messages], name)
         try:  # the first token, or the whole reply: a model that fails before it gets a 500
@@ -475,8 +302,8 @@ def create_app(model: ChatModel, served_name: str | None = None, max_threads: in
         return JSONResponse(exchange.body(deltas))
 
     async def list_models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "toolself"}]})
+        served = [{"id": name, "object": "model", "created": created, "owned_by": "toolself"}]
+        return JSONResponse({"object": "list", "data": served + ([agent.model_entry(created)] if agent else [])})
 
     async def end_session(request: Request) -> Response:
         # toolself extension: frees the cache a backend kept for an episode.
@@ -504,19 +331,22 @@ def create_app(model: ChatModel, served_name: str | None = None, max_threads: in
     return app
 
 
-def _validation_error(exc: ValidationError) -> Response:
-    first = exc.errors()[0]
-    param = ".".join(str(p) for p in first["loc"]) or None
-    if first["type"] == "extra_forbidden":
-        message = f"{param}: this server does not support this field, and ignoring it could change the reply"
-    else:
-        message = first["msg"].removeprefix("Value error, ")
-        message = f"{param}: {message}" if param and not message.startswith(f"{param}:") else message
-    return error_response(400, message, param=param)
-
-
-def serve(model: ChatModel, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-    """Serve `model` until interrupted."""
+def server(model: ChatModel, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
+           agent: AgentEndpoint | None = None) -> Any:
+    """A uvicorn server for `model` (and `agent`). Its shutdown first cancels the agent's
+    attempts: uvicorn waits for requests in flight, and an attempt may run for many minutes."""
     import uvicorn
 
-    uvicorn.run(create_app(model), host=host, port=port, log_level=log_level)
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            if agent is not None:
+                agent.cancel_all()
+            await super().shutdown(sockets)
+
+    return Server(uvicorn.Config(create_app(model, agent=agent), host=host, port=port, log_level=log_level))
+
+
+def serve(model: ChatModel, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
+          agent: AgentEndpoint | None = None) -> None:
+    """Serve `model` (and `agent`) until interrupted."""
+    server(model, host, port, log_level, agent).run()
