@@ -26,6 +26,8 @@ from toolself.trajectory import Conversation, ModelCall, Stage, Step, Trajectory
 
 
 class BudgetExhausted(Exception):
+    """A budget of the attempt ran out (`budget` names it); the loop then asks once for the answer."""
+
     def __init__(self, budget: str):
         super().__init__(budget)
         self.budget = budget
@@ -54,6 +56,7 @@ class Turns:
             raise BudgetExhausted("tokens")
 
     def token_counts(self, conversation: Conversation) -> list[int]:
+        """Each message's tokens, counted once as the conversation grows: every view needs them."""
         counts = self._token_counts.setdefault(id(conversation), [])
         count = self.model.count_tokens
         for message in conversation.messages[len(counts):]:
