@@ -56,7 +56,7 @@ def test_sampling_protocol_and_tokenizer_of_a_served_policy():
     options = PAPER_PRESET.model_options("openai:Qwen/Qwen3-8B@http://127.0.0.1:8000/v1")
     assert options == {"temperature": 0.6, "extra_body": {"top_p": 0.95}, "tool_protocol": "text",
                        "text_protocol": "paper", "tokenizer": "Qwen/Qwen3-8B"}
-    assert PAPER_PRESET.model_options("embedded") == {"temperature": 0.6, "top_p": 0.95}
+    assert PAPER_PRESET.model_options("embedded") == {"temperature": 0.6, "top_p": 0.95, "text_protocol": "paper"}
 
 
 def test_the_tools_and_the_scorer_are_the_authors():

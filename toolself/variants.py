@@ -62,9 +62,10 @@ class Sampling(BaseModel):
 
 
 class Protocol(BaseModel):
-    """How a served policy's tool calls travel: `tool_protocol` and `text_protocol` as
-    `OpenAIModel` takes them; own_tokenizer: count its tokens with the served weights'
-    tokenizer when this machine has it."""
+    """How a policy's tool calls travel: `tool_protocol` and `text_protocol` as `OpenAIModel`
+    takes them (an in-process model takes `text_protocol` too, so that a model trained on the
+    preset's rendering is prompted the same way wherever it runs); own_tokenizer: count a
+    served model's tokens with its weights' tokenizer when this machine has it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     tool_protocol: str
@@ -104,10 +105,11 @@ class RunPreset(BaseModel):
         return dict(self.agent)
 
     def model_options(self, spec: str) -> dict[str, Any]:
-        """Load options for the policy `spec` names: sampling for every model; for a served one
-        also the text protocol and its own tokenizer."""
+        """Load options for the policy `spec` names: sampling and the text protocol for every
+        model; for a served one also its own tokenizer."""
         if not spec.startswith("openai:"):  # a model this process runs: its own sampler takes both
-            return {"temperature": self.sampling.temperature, "top_p": self.sampling.top_p}
+            return {"temperature": self.sampling.temperature, "top_p": self.sampling.top_p,
+                    "text_protocol": self.protocol.text_protocol}
         options: dict[str, Any] = {"temperature": self.sampling.temperature,
                                    "extra_body": {"top_p": self.sampling.top_p},
                                    "tool_protocol": self.protocol.tool_protocol,

