@@ -5,6 +5,7 @@ exact; the pipelines themselves are exercised in test_train and by `make cat-dem
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -41,7 +42,7 @@ def test_a_study_folder_takes_more_seeds_but_refuses_another_recipe(tmp_path):
     claim(tmp_path, PRESETS["demo"]())
     claim(tmp_path, PRESETS["full"]())  # the demo's seed, then two more
     other = PRESETS["full"]()
-    other.cat["limit"] = 99
+    other.cat = replace(other.cat, limit=99)
     with pytest.raises(PipelineMismatch, match="other settings"):
         claim(tmp_path, other)
     claim(tmp_path, other, force=True)

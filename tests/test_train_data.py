@@ -11,6 +11,7 @@ from test_agent import lookup
 
 from toolself.agent import Agent, AgentSettings
 from toolself.models.base import Completion
+from toolself.models.protocol import DEFAULT, PAPER
 from toolself.models.scripted import ScriptedModel, call
 from toolself.tools.base import ToolPool, tool
 from toolself.train import data as D
@@ -141,11 +142,13 @@ def test_a_context_mode_cut_starts_a_new_sequence(renderer):
     assert sum(len(s) for s in stage_sequences) == len(stage.calls)
 
 
-def test_the_rendered_prompt_is_the_embedded_backends_prompt(tokenizer, renderer):
+@pytest.mark.parametrize("protocol", [DEFAULT, PAPER], ids=["toolself", "paper"])
+def test_the_rendered_prompt_is_the_embedded_backends_prompt(tokenizer, protocol):
     from toolself.models.local import EmbeddedModel
 
+    renderer = D.Renderer(tokenizer, D.tool_schemas(POOL), protocol)
     trajectory = run(TWO_STAGES)
-    backend = SimpleNamespace(tokenizer=tokenizer)
+    backend = SimpleNamespace(tokenizer=tokenizer, text_protocol=protocol)
     for conversation, c in all_calls(trajectory):
         schemas = renderer.tools(c.tools)
         assert renderer.prompt_ids(conversation.visible(c), c.tools) == \

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -20,7 +21,9 @@ from toolself.models.local import DTYPE_HELP
 from toolself.train.stage_options import KTOOptions, RFTOptions, stage_options
 
 if TYPE_CHECKING:
+    from toolself.models.protocol import TextProtocol
     from toolself.train.steps import Built, Collection
+    from toolself.variants import RunPreset
 
 train_app = typer.Typer(help="CAT training: RFT on a teacher's successes, then trajectory-level KTO.",
                         no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -37,6 +40,10 @@ RESUME = typer.Option(True, help="Rerunning the command resumes: the collection 
 BACKEND = typer.Option("local", help="Where collection attempts run: local | ray.")
 ADDRESS = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001).")
 RAY_CPUS = typer.Option(1.0, min=0.01, help="Ray CPUs each attempt holds.")
+RENDER_PRESET_HELP = ("Render the data as a run preset's policy is prompted (paper: the authors' text protocol, "
+                      "<think> kept); the preset's name is saved with the data.")
+TRAIN_PRESET_HELP = ("A run preset (paper): its agent settings, sampling, timeout and tool-call protocol for the "
+                     "collection, and its protocol for rendering the data (saved with the data).")
 
 
 def _main_process() -> bool:
@@ -49,6 +56,31 @@ _fail = fail
 
 def _split(values: list[str]) -> list[str]:
     return [p.strip() for v in values for p in v.split(",") if p.strip()]
+
+
+def _run_preset(name: Optional[str]) -> Optional[RunPreset]:
+    from toolself.variants import load_run_preset
+
+    try:
+        return load_run_preset(name) if name else None
+    except ValueError as exc:
+        _fail(str(exc))
+
+
+def _rendering(preset: Optional[RunPreset]) -> TextProtocol:
+    from toolself.train.steps import rendering
+
+    return rendering(preset)
+
+
+def _json_object(option: str, text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        _fail(f"{option} is not JSON: {exc}")
+    if not isinstance(value, dict):
+        _fail(f"{option} takes a JSON object of fields, e.g. '{{\"max_steps\": 2}}'")
+    return value
 
 
 def _tools_record(options: ToolOptions) -> dict[str, Any]:
@@ -113,6 +145,7 @@ def data(
                                    "left, with a warning that says how many were."),
     stats: bool = typer.Option(False, "--stats", help="Print counts, token lengths and label balance."),
     as_json: bool = typer.Option(False, "--json", help="Print the statistics as JSON."),
+    preset: Optional[str] = typer.Option(None, "--preset", help=RENDER_PRESET_HELP),
 ) -> None:
     """Build SFT (RFT) and KTO datasets from trajectories."""
     from toolself.train.data import RenderError, save_dataset
@@ -120,6 +153,7 @@ def data(
 
     if kind not in ("sft", "kto", "both"):
         _fail("--kind must be sft, kto or both")
+    protocol = _rendering(_run_preset(preset))
     weights = _weights(student)
     try:
         trajectories, schemas = load_sources(sources)
@@ -129,7 +163,8 @@ def data(
     try:
         for name, build in (("sft", sft_data), ("kto", kto_data)):
             if kind in (name, "both"):
-                built = build(trajectories, schemas, weights, max_length)
+                built = build(trajectories, schemas, weights, max_length, protocol)
+                built.info["preset"] = preset
                 _warn_truncated(built.build, max_length)
                 report[name] = built.info
                 if out:
@@ -159,9 +194,10 @@ def _training_data(collection: Collection, trajectories: list[Path], model: str,
                    build: Callable[..., Built], trained: str, max_length: int,
                    backend: tuple[str, Optional[str], float]) -> tuple[list[Any], Built, Path]:
     """`train rft` and `train kto` alike: collect with `model` (or take the given trajectories),
-    render them with `build` (`steps.sft_data`, `steps.kto_data`) and the tokenizer of the
-    model being `trained`, save the data; returns the trajectories, the `steps.Built` data and
-    the trained model's weights."""
+    render them with `build` (`steps.sft_data`, `steps.kto_data`), the tokenizer of the model
+    being `trained` and the text protocol of the collection's preset, save the data with the
+    preset's name; returns the trajectories, the `steps.Built` data and the trained model's
+    weights."""
     from toolself.train.data import save_dataset
     from toolself.train.steps import load_sources
 
@@ -176,7 +212,8 @@ def _training_data(collection: Collection, trajectories: list[Path], model: str,
         _collect(model, out / "collect", collection, _backend(*backend))
         sources.append(out / "collect")
     found, schemas = load_sources(sources)
-    built = build(found, schemas, weights, max_length)
+    built = build(found, schemas, weights, max_length, _rendering(_run_preset(collection.preset)))
+    built.info["preset"] = collection.preset
     _warn_truncated(built.build, max_length)
     if _main_process():
         save_dataset(built.dataset, out / "data", built.info)
@@ -206,18 +243,23 @@ def _backend(backend: str, address: Optional[str], ray_cpus: float) -> Any:
 
 
 def _collection(tasks: list[str], student: str, samples: int, limit: Optional[int], temperature: float,
-                seed: int, concurrency: int, timeout: float, context_budget: Optional[int]) -> Collection:
-    """How `train rft` and `train kto` collect: under the budgets of the model being trained."""
+                seed: int, concurrency: int, timeout: float, context_budget: Optional[int],
+                preset: Optional[str]) -> Collection:
+    """How `train rft` and `train kto` collect: under the budgets of the model being trained and
+    the preset's settings, sampling and timeout."""
     from toolself.models.spec import ModelSpec
     from toolself.train.steps import Collection, agent_budgets
 
+    run_preset = _run_preset(preset)
     try:
         budgets = agent_budgets(ModelSpec.parse(student, directories=True),
-                                {"context_budget": context_budget} if context_budget else None)
+                                {"context_budget": context_budget} if context_budget else None, run_preset)
     except ValueError as exc:
         _fail(str(exc))
+    if run_preset is not None:
+        temperature, timeout = run_preset.sampling.temperature, run_preset.timeout
     return Collection(tasks=tasks, samples=samples, limit=limit, temperature=temperature, seed=seed,
-                      concurrency=concurrency, timeout=timeout, agent=budgets)
+                      concurrency=concurrency, timeout=timeout, agent=budgets, preset=preset)
 
 
 @train_app.command()
@@ -244,6 +286,7 @@ def rft(
     backend: str = BACKEND,
     address: Optional[str] = ADDRESS,
     ray_cpus: float = RAY_CPUS,
+    preset: Optional[str] = typer.Option(None, "--preset", help=TRAIN_PRESET_HELP),
     training: RFTOptions = RFTOptions(),
 ) -> None:
     """Stage I: K teacher attempts per task, keep the successful ones, fine-tune the student."""
@@ -251,7 +294,7 @@ def rft(
     from toolself.train.steps import sft_data, train_rft_step
 
     collection = _collection(_split(tasks), student, samples, limit, temperature, seed, concurrency, timeout,
-                             context_budget)
+                             context_budget, preset)
     found, built, student_path = _training_data(collection, trajectories, teacher, out, sft_data, student,
                                                 max_length, (backend, address, ray_cpus))
     dataset, build = built.dataset, built.build
@@ -288,6 +331,7 @@ def kto(
     backend: str = BACKEND,
     address: Optional[str] = ADDRESS,
     ray_cpus: float = RAY_CPUS,
+    preset: Optional[str] = typer.Option(None, "--preset", help=TRAIN_PRESET_HELP),
     training: KTOOptions = KTOOptions(),
 ) -> None:
     """Stage II: on-policy attempts labelled by outcome; every decision gets its attempt's label."""
@@ -297,7 +341,7 @@ def kto(
     if not ((policy / "adapter_config.json").is_file() or (policy / "config.json").is_file()):
         _fail(f"{policy} is neither an adapter nor a model directory")
     collection = _collection(_split(tasks), f"local:{policy}", samples, limit, temperature, seed, concurrency,
-                             timeout, context_budget)
+                             timeout, context_budget, preset)
     _, built, _ = _training_data(collection, trajectories, f"local:{policy}", out, kto_data, f"local:{policy}",
                                  max_length, (backend, address, ray_cpus))
     dataset = built.dataset
@@ -341,7 +385,8 @@ def cat_command(
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     rft_options: str = typer.Option("{}", help='RFTConfig fields as JSON, e.g. \'{"num_train_epochs": 3}\'.'),
     kto_options: str = typer.Option("{}", help='KTOConfig fields as JSON, e.g. \'{"beta": 0.2}\'.'),
-    agent_options: str = typer.Option("{}", help='Agent budgets as JSON, e.g. \'{"max_stages": 4}\'.'),
+    agent_options: str = typer.Option("{}", help='Agent settings as JSON, e.g. \'{"max_stages": 4}\' (over the '
+                                            "student's budgets and the preset's settings)."),
     stop_after: Optional[str] = typer.Option(None, help="Stop after this step (collect_teacher, data_sft, rft, "
                                                         "collect_policy, data_kto, kto, evaluate)."),
     force: bool = typer.Option(False, help="Continue a folder made with other settings."),
@@ -353,25 +398,22 @@ def cat_command(
 ) -> None:
     """CAT end to end: collect -> RFT -> collect -> KTO -> evaluate, resumable step by step.
     Every task's needs (web search, a judge, ...) are checked before any work. `--preset` sets
-    the agent's settings, the sampling temperature and the timeout of every collection."""
+    the agent's settings, the sampling, the timeout and the tool-call protocol of every model the
+    run loads, and the protocol the training data is rendered in."""
     from toolself.train.pipeline import CATSettings, PipelineMismatch, StepDied, run_cat
-    from toolself.variants import load_run_preset
 
+    run_preset = _run_preset(preset)
+    if run_preset is not None:
+        temperature, timeout = run_preset.sampling.temperature, run_preset.timeout
     try:
-        run_preset = load_run_preset(preset) if preset else None
-        agent = {**json.loads(agent_options), **(run_preset.settings() if run_preset else {})}
-        if run_preset is not None:
-            temperature, timeout = run_preset.sampling.temperature, run_preset.timeout
         settings = CATSettings(tasks=_split(tasks), teacher=teacher, student=student, teacher_samples=teacher_samples,
                                policy_samples=policy_samples, limit=limit, policy_limit=policy_limit,
                                eval_tasks=_split(eval_tasks) or None,
                                eval_limit=eval_limit, temperature=temperature, seed=seed, max_length=max_length,
-                               method=method, dtype=dtype,
-                               agent=agent, rft=json.loads(rft_options),
-                               kto=json.loads(kto_options), concurrency=concurrency, timeout=timeout,
-                               tools=_tools_record(tool_options))
-    except json.JSONDecodeError as exc:
-        _fail(f"an --*-options value is not JSON: {exc}")
+                               method=method, dtype=dtype, agent=_json_object("--agent-options", agent_options),
+                               rft=_json_object("--rft-options", rft_options),
+                               kto=_json_object("--kto-options", kto_options), concurrency=concurrency,
+                               timeout=timeout, tools=_tools_record(tool_options), preset=preset)
     except ValueError as exc:
         _fail(str(exc))
     _preflight(tool_options, [(s, "train", limit, seed) for s in settings.tasks]
@@ -416,11 +458,12 @@ def study_command(
         except ValueError:
             _fail(f"--seeds takes comma-separated integers, not {seeds!r}")
     if concurrency is not None:
-        settings.cat["concurrency"] = concurrency
+        settings.cat = replace(settings.cat, concurrency=concurrency)
     if _tools_record(tool_options):
-        settings.cat["tools"] = _tools_record(tool_options)
-    _preflight(tool_options, [(s, "train", settings.cat.get("limit"), 0) for s in settings.train_tasks]
-               + [(s, "heldout", settings.cat.get("eval_limit"), 0) for s in settings.eval_tasks])
+        settings.cat = replace(settings.cat, tools=_tools_record(tool_options))
+    shared = settings.pipeline(settings.methods[0], settings.seeds[0])
+    _preflight(tool_options, [(s, "train", shared.limit, 0) for s in settings.train_tasks]
+               + [(s, "heldout", shared.eval_limit, 0) for s in settings.eval_tasks])
     try:
         summary = run_study(settings, out, force=force, backend=_backend(backend, address, 1.0),
                             echo=lambda line: console.print(line, markup=False, highlight=False), isolate=True)

@@ -44,14 +44,17 @@ def collect(tasks: Sequence[str], model: Any, out: str | Path, samples: int, *, 
             split: str = "train",
             limit: int | None = None, temperature: float = 0.7, seed: int = 0, concurrency: int = 4,
             timeout: float | None = 600.0, settings: dict[str, Any] | None = None, pool: Any = None,
-            progress: bool = True, backend: Any = "local", dtype: str = "auto", judge: Any = None) -> CollectResult:
+            progress: bool = True, backend: Any = "local", dtype: str = "auto", judge: Any = None,
+            model_options: dict[str, Any] | None = None) -> CollectResult:
     """Run `samples` attempts per task with `model` (a spec such as `expert`, `embedded`,
     `local:DIR`, `openai:NAME@URL`, or a ChatModel) as `method` (`toolself`, or `vanilla` for
     the static-configuration control) into the runner folder `out`; rerunning resumes it.
     backend: where the attempts run (`local`, `ray`, a runner Backend); judge: the judge of
-    free-text answers (a spec or an LLMJudge), whose verdicts label the trajectories."""
+    free-text answers (a spec or an LLMJudge), whose verdicts label the trajectories;
+    model_options: load options over the spec's own (a run preset's sampling and protocol)."""
     model = ModelSpec.parse(model) if isinstance(model, str) else model
-    options = model.options(temperature, seed, dtype) if isinstance(model, ModelSpec) else {}
+    options = {**(model.options(temperature, seed, dtype) if isinstance(model, ModelSpec) else {}),
+               **(model_options or {})}
     run = EvalRun.of(model, judge=judge, agent=settings, model_options=options, split=split, seed=seed,
                      timeout=timeout)
     out = Path(out)

@@ -2,8 +2,10 @@
 
 Every example is rebuilt from what the policy actually saw: `Conversation.visible(call)` (the
 context mode's cuts included), the tools it was offered, rendered with the text tool-call
-protocol and the tokenizer's chat template exactly as the embedded backend prompts
-(`EmbeddedModel.prompt_ids`). Where the backend recorded the completion's token ids they are
+protocol the policy runs under (toolself's, or a preset's: the paper's keeps `<think>` and
+leaves the tool list to the prompt) and the tokenizer's chat template, exactly as the embedded
+backend prompts (`EmbeddedModel.prompt_ids`) and as a served model's template renders the text
+protocol a client sends it. Where the backend recorded the completion's token ids they are
 used verbatim, so training sees exactly what the agent produced; otherwise the recorded text is
 tokenized on its own, after the generation prompt, as a model would have emitted it.
 
@@ -22,12 +24,12 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 from toolself.models.base import Message
-from toolself.models.protocol import to_text_messages
+from toolself.models.protocol import DEFAULT, TextProtocol, to_text_messages
 from toolself.tools.special import SPECIAL_TOOLS
 from toolself.trajectory import Conversation, ModelCall, Trajectory
 
@@ -88,13 +90,14 @@ class Decision:
 
 
 class Renderer:
-    """Rebuilds prompts and completions with one tokenizer and one tool catalogue."""
+    """Rebuilds prompts and completions with one tokenizer, one tool catalogue and the text
+    protocol the policy runs under (a protocol that keeps `<think>` trains on it too)."""
 
     def __init__(self, tokenizer: Any, schemas: Mapping[str, dict[str, Any]] | None = None,
-                 include_reasoning: bool = False):
+                 protocol: TextProtocol = DEFAULT):
         self.tokenizer = tokenizer
         self.schemas = dict(schemas) if schemas is not None else default_tool_schemas()
-        self.include_reasoning = include_reasoning
+        self.protocol = protocol
         self.end_token = _end_of_turn(tokenizer)
 
     def tools(self, names: list[str]) -> list[dict[str, Any]] | None:
@@ -104,7 +107,7 @@ class Renderer:
         return [self.schemas[n] for n in names] or None
 
     def prompt_text(self, messages: list[Message], tool_names: list[str]) -> str:
-        return self.tokenizer.apply_chat_template(to_text_messages(messages, self.tools(tool_names)),
+        return self.tokenizer.apply_chat_template(to_text_messages(messages, self.tools(tool_names), self.protocol),
                                                   tokenize=False, add_generation_prompt=True)
 
     def encode(self, text: str) -> list[int]:
@@ -117,17 +120,16 @@ class Renderer:
     def completion_text(self, messages: list[Message], output: Message, tool_names: list[str]) -> str:
         """The reply as the model would have written it: the template's rendering of the
         assistant turn after the generation prompt, up to and including its end-of-turn token."""
-        if self.include_reasoning and output.reasoning:
-            output = replace(output, content=f"<think>\n{output.reasoning}\n</think>\n\n{output.content}")
         tools = self.tools(tool_names)
         prompt = self.prompt_text(messages, tool_names)
-        full = self.tokenizer.apply_chat_template(to_text_messages(messages + [output], tools), tokenize=False)
+        full = self.tokenizer.apply_chat_template(to_text_messages(messages + [output], tools, self.protocol),
+                                                  tokenize=False)
         if full.startswith(prompt):
             text = full[len(prompt):]
             if self.end_token and self.end_token in text:
                 return text[: text.rindex(self.end_token) + len(self.end_token)]
             return text.rstrip()
-        rendered = to_text_messages([output], None)[0]["content"]
+        rendered = to_text_messages([output], None, self.protocol)[0]["content"]
         return rendered + (self.end_token or "")
 
     def decisions(self, trajectory: Trajectory) -> Iterator[Decision]:

@@ -24,7 +24,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,17 +32,21 @@ from toolself.evals.runner import run_eval
 from toolself.models.spec import ModelSpec
 from toolself.tools.options import ToolOptions
 from toolself.train.data import load_dataset_dir, save_dataset
+from toolself.train.settings import AgentOverrides, KTOOverrides, RFTOverrides
 from toolself.train.steps import (
     Collection,
     agent_budgets,
     collect_attempts,
     kto_data,
     load_sources,
+    preset_options,
+    rendering,
+    run_preset,
     sft_data,
     train_kto_step,
     train_rft_step,
 )
-from toolself.variants import settings_for
+from toolself.variants import RunPreset, settings_for
 
 STEPS = ("collect_teacher", "data_sft", "rft", "collect_policy", "data_kto", "kto", "evaluate")
 STATE_FILE = "state.json"
@@ -51,7 +55,11 @@ EVALUATED = ("student", "rft", "kto")
 
 @dataclass
 class CATSettings:
-    """What defines a CAT run (compared on resume)."""
+    """What defines a CAT run (compared on resume). `agent`, `rft` and `kto` take a record or
+    its dict (as a run file holds it). preset: a run preset (`paper`) whose agent settings come
+    between the student's budgets and `agent`, whose load options reach every model the run
+    loads, and whose text protocol the training data is rendered in; `temperature` and
+    `timeout` stay as given (the command line sets them from the preset)."""
 
     tasks: list[str]
     method: str = "toolself"
@@ -67,18 +75,23 @@ class CATSettings:
     temperature: float = 0.7
     seed: int = 0
     max_length: int = 16384
-    agent: dict[str, Any] = field(default_factory=dict)
-    rft: dict[str, Any] = field(default_factory=dict)
-    kto: dict[str, Any] = field(default_factory=dict)
+    agent: AgentOverrides = field(default_factory=AgentOverrides)
+    rft: RFTOverrides = field(default_factory=RFTOverrides)
+    kto: KTOOverrides = field(default_factory=KTOOverrides)
     concurrency: int = 4
     timeout: float | None = 600.0
     dtype: str = "auto"
     evaluate: tuple[str, ...] = EVALUATED
     tools: dict[str, Any] = field(default_factory=dict)  # `ToolOptions.to_dict()`; empty: the default pool
+    preset: str | None = None
 
     def __post_init__(self) -> None:
-        settings_for(self.method)  # an unknown method or student fails here, before any work
+        self.agent = AgentOverrides.from_dict(self.agent)
+        self.rft = RFTOverrides.from_dict(self.rft)
+        self.kto = KTOOverrides.from_dict(self.kto)
+        settings_for(self.method)  # an unknown method, student or preset fails here, before any work
         self.student_model()
+        self.run_preset()
         self.evaluate = tuple(self.evaluate)
         unknown = set(self.evaluate) - set(EVALUATED)
         if unknown:
@@ -88,16 +101,33 @@ class CATSettings:
         """The untrained student (`default` is the embedded model; a bare directory is local)."""
         return ModelSpec.parse(self.student, directories=True)
 
+    def run_preset(self) -> RunPreset | None:
+        return run_preset(self.preset)
+
+    def agent_settings(self) -> AgentOverrides:
+        """The student's budgets, the preset's settings, then `agent` (see `steps.agent_budgets`)."""
+        return agent_budgets(self.student_model(), self.agent, self.run_preset())
+
+    def model_options(self, model: str) -> dict[str, Any]:
+        """How every evaluated model loads: in the run's dtype, with the preset's options."""
+        return {"dtype": self.dtype, **preset_options(self.run_preset(), ModelSpec.parse(model))}
+
     def collection(self, samples: int, limit: int | None) -> Collection:
         return Collection(tasks=self.tasks, samples=samples, method=self.method, limit=limit,
                           temperature=self.temperature, seed=self.seed, concurrency=self.concurrency,
-                          timeout=self.timeout, dtype=self.dtype, agent=agent_overrides(self))
+                          timeout=self.timeout, dtype=self.dtype, agent=self.agent_settings(), preset=self.preset)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["evaluate"] = list(self.evaluate)
+        """As the state file records it; a field added since runs were first saved is left out
+        while it holds its default, so that those runs resume."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d.update(tasks=list(self.tasks), eval_tasks=None if self.eval_tasks is None else list(self.eval_tasks),
+                 agent=self.agent.to_dict(), rft=self.rft.to_dict(), kto=self.kto.to_dict(),
+                 evaluate=list(self.evaluate), tools=dict(self.tools))
         if not d["tools"]:
-            del d["tools"]  # so that runs saved before the field existed resume
+            del d["tools"]
+        if d["preset"] is None:
+            del d["preset"]
         return d
 
 
@@ -135,8 +165,9 @@ class State:
 
 
 def agent_overrides(settings: CATSettings) -> dict[str, Any]:
-    """The student's budgets, then the user's (see `steps.agent_budgets`)."""
-    return agent_budgets(settings.student_model(), settings.agent)
+    """The agent settings of every collection and evaluation, as the runner takes them (see
+    `steps.agent_budgets`)."""
+    return settings.agent_settings().to_dict()
 
 
 def student_spec(settings: CATSettings) -> str:
@@ -161,7 +192,7 @@ def evaluate(settings: CATSettings, model: str, out: Path, backend: Any = "local
         return run_eval(settings.eval_tasks or settings.tasks, [settings.method], model, out, split="heldout",
                         limit=settings.eval_limit, seed=settings.eval_seed, concurrency=settings.concurrency,
                         timeout=settings.timeout, settings=agent_overrides(settings), backend=backend,
-                        model_options={"dtype": settings.dtype}, pool=pool,
+                        model_options=settings.model_options(model), pool=pool,
                         judge=options.judge if options else None)
     finally:
         if pool is not None:
@@ -245,7 +276,8 @@ def _collect_teacher(step: Step) -> dict[str, Any]:
 
 def _data_sft(step: Step) -> dict[str, Any]:
     trajectories, schemas = load_sources([step.out / "collect" / "teacher"], step.settings.method)
-    built = sft_data(trajectories, schemas, step.student(), step.settings.max_length)
+    built = sft_data(trajectories, schemas, step.student(), step.settings.max_length,
+                     rendering(step.settings.run_preset()))
     dataset, stats = built.dataset, built.build
     if len(dataset) == 0:
         raise EmptyData(f"none of the teacher's {len(trajectories)} attempts succeeded: nothing to fine-tune "
@@ -259,7 +291,8 @@ def _rft(step: Step) -> dict[str, Any]:
     from toolself.train.rft_config import RFTConfig  # imports trl: seconds
 
     s = step.settings
-    config = RFTConfig(output_dir=str(step.rft_dir / "checkpoints"), max_length=s.max_length, seed=s.seed, **s.rft)
+    config = RFTConfig(output_dir=str(step.rft_dir / "checkpoints"), max_length=s.max_length, seed=s.seed,
+                       **s.rft.to_dict())
     result, _ = train_rft_step(load_dataset_dir(step.out / "data" / "sft"), step.student(), step.rft_dir, config)
     return result.to_dict()
 
@@ -272,7 +305,8 @@ def _collect_policy(step: Step) -> dict[str, Any]:
 
 def _data_kto(step: Step) -> dict[str, Any]:
     trajectories, schemas = load_sources([step.out / "collect" / "policy"], step.settings.method)
-    built = kto_data(trajectories, schemas, step.student(), step.settings.max_length)
+    built = kto_data(trajectories, schemas, step.student(), step.settings.max_length,
+                     rendering(step.settings.run_preset()))
     dataset, stats, weights = built.dataset, built.build, built.weights
     if len(dataset) < 2:
         raise EmptyData(f"the policy's {len(trajectories)} scored attempts hold {len(dataset)} decisions: "
@@ -301,7 +335,7 @@ def _kto(step: Step) -> dict[str, Any]:
         return {"skipped": skipped, "copied_from": str(step.rft_dir)}
     s = step.settings
     config = CATKTOConfig(output_dir=str(step.kto_dir / "checkpoints"), max_length=s.max_length, seed=s.seed,
-                          **s.kto)
+                          **s.kto.to_dict())
     result, _ = train_kto_step(load_dataset_dir(step.out / "data" / "kto"), step.rft_dir, step.kto_dir, config)
     return result.to_dict()
 

@@ -13,10 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from toolself.models.protocol import DEFAULT, TextProtocol, text_protocol_named
 from toolself.models.spec import ModelSpec
 from toolself.train import data as D
 from toolself.train.collect import CollectResult, collect, load_any
 from toolself.train.merge import adapter_base
+from toolself.train.settings import AgentOverrides
+from toolself.variants import RunPreset, load_run_preset
 
 
 @dataclass(frozen=True)
@@ -32,15 +35,34 @@ class Collection:
     concurrency: int = 4
     timeout: float | None = 600.0
     dtype: str = "auto"
-    agent: dict[str, Any] | None = None  # AgentSettings overrides: the student's budgets, then the user's
+    agent: AgentOverrides = AgentOverrides()  # the student's budgets, the preset's settings, the user's
+    preset: str | None = None  # a run preset's name: its load options for the collecting model
 
 
-def agent_budgets(student: ModelSpec, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Budgets for every collection and evaluation of a training run: the student's (a
-    teacher's trajectories are shaped by the same context budget the student will work
-    under), then the user's."""
+def run_preset(name: str | None) -> RunPreset | None:
+    return load_run_preset(name) if name else None
+
+
+def agent_budgets(student: ModelSpec, overrides: AgentOverrides | dict[str, Any] | None = None,
+                  preset: RunPreset | None = None) -> AgentOverrides:
+    """Agent settings for every collection and evaluation of a training run: the student's
+    budgets (a teacher's trajectories are shaped by the same context budget the student will
+    work under), then the preset's settings, then the user's."""
     defaults = student.defaults
-    return {**(defaults.settings() if defaults else {}), **(overrides or {})}
+    layered = AgentOverrides.from_dict(defaults.settings() if defaults else {})
+    return layered.merged(preset.settings() if preset else None).merged(overrides)
+
+
+def preset_options(preset: RunPreset | None, model: ModelSpec) -> dict[str, Any]:
+    """The preset's load options for `model` (sampling, text protocol, a served model's own
+    tokenizer); none for the expert, which samples nothing."""
+    return preset.model_options(model.text) if preset is not None and model.kind != "expert" else {}
+
+
+def rendering(preset: RunPreset | None) -> TextProtocol:
+    """The text protocol training data is rendered in: the one the preset's policy is prompted
+    with (`preset_options`), toolself's without a preset."""
+    return text_protocol_named(preset.protocol.text_protocol) if preset is not None else DEFAULT
 
 
 def collect_attempts(model: ModelSpec, out: Path, collection: Collection, *, backend: Any = "local",
@@ -52,8 +74,9 @@ def collect_attempts(model: ModelSpec, out: Path, collection: Collection, *, bac
         return collect(list(collection.tasks), model, out, collection.samples, method=collection.method,
                        split="train", limit=collection.limit, temperature=collection.temperature,
                        seed=collection.seed, concurrency=collection.concurrency, timeout=collection.timeout,
-                       settings=collection.agent, backend=backend, dtype=collection.dtype, pool=pool,
-                       judge=tools.judge if tools is not None else None)
+                       settings=collection.agent.to_dict(), backend=backend, dtype=collection.dtype, pool=pool,
+                       judge=tools.judge if tools is not None else None,
+                       model_options=preset_options(run_preset(collection.preset), model))
     finally:
         if pool is not None:
             pool.close()
@@ -91,15 +114,18 @@ class Built:
     weights: Any = None  # data.KTOWeights, for KTO data
 
 
-def sft_data(trajectories: list[Any], schemas: dict[str, Any] | None, weights: Path, max_length: int) -> Built:
-    """RFT's examples: the successful trajectories, rendered with the student's template."""
-    dataset, build = D.build_sft_dataset(trajectories, D.Renderer(tokenizer(weights), schemas), max_length)
+def sft_data(trajectories: list[Any], schemas: dict[str, Any] | None, weights: Path, max_length: int,
+             protocol: TextProtocol = DEFAULT) -> Built:
+    """RFT's examples: the successful trajectories, rendered with the student's template in
+    `protocol` (see `rendering`)."""
+    dataset, build = D.build_sft_dataset(trajectories, D.Renderer(tokenizer(weights), schemas, protocol), max_length)
     return Built(dataset, build, D.sft_stats(dataset, build))
 
 
-def kto_data(trajectories: list[Any], schemas: dict[str, Any] | None, weights: Path, max_length: int) -> Built:
+def kto_data(trajectories: list[Any], schemas: dict[str, Any] | None, weights: Path, max_length: int,
+             protocol: TextProtocol = DEFAULT) -> Built:
     """KTO's examples: every decision of a scored attempt, labelled by the attempt's outcome."""
-    dataset, build, kto_weights = D.build_kto_dataset(trajectories, D.Renderer(tokenizer(weights), schemas),
+    dataset, build, kto_weights = D.build_kto_dataset(trajectories, D.Renderer(tokenizer(weights), schemas, protocol),
                                                       max_length)
     return Built(dataset, build, D.kto_stats(dataset, build, kto_weights), kto_weights)
 

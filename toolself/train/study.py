@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from toolself.train.pipeline import (STEPS, CATSettings, PipelineMismatch, State, evaluate, isolated, run_cat,
                                      student_spec)
+from toolself.train.settings import UNSET, AgentOverrides, KTOOverrides, Overrides, RFTOverrides, overriding
 
 STUDY_FILE = "study.json"
 BEGIN, END = "<!-- cat-study:begin -->", "<!-- cat-study:end -->"
@@ -44,23 +45,44 @@ ROWS = (
 )
 
 
+PER_PIPELINE = ("tasks", "eval_tasks", "method", "seed", "evaluate")
+"""The CATSettings fields a study sets for each pipeline itself."""
+
+
+@overriding(CATSettings, exclude=PER_PIPELINE)
+class Recipe(Overrides):
+    """The CATSettings fields every pipeline of a study shares (samples, budgets, training
+    options), as set; the rest keep CATSettings' defaults."""
+
+    what: ClassVar[str] = "CAT setting"
+
+    def check(self) -> None:
+        for name, record in (("agent", AgentOverrides), ("rft", RFTOverrides), ("kto", KTOOverrides)):
+            if getattr(self, name) is not UNSET:
+                object.__setattr__(self, name, record.from_dict(getattr(self, name)))
+        CATSettings(tasks=[], **self.set_fields())
+
+
 @dataclass
 class StudySettings:
-    """What defines a study (compared on resume). `cat` holds the CATSettings fields every
-    pipeline shares (samples, budgets, training options)."""
+    """What defines a study (compared on resume); `cat` takes a Recipe or its dict."""
 
     train_tasks: list[str]
     eval_tasks: list[str]
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     methods: list[str] = field(default_factory=lambda: ["toolself", "vanilla"])
-    cat: dict[str, Any] = field(default_factory=dict)
+    cat: Recipe = field(default_factory=Recipe)
+
+    def __post_init__(self) -> None:
+        self.cat = Recipe.from_dict(self.cat)
 
     def pipeline(self, method: str, seed: int) -> CATSettings:
         return CATSettings(tasks=list(self.train_tasks), eval_tasks=list(self.eval_tasks), method=method, seed=seed,
-                           evaluate=("rft", "kto"), **self.cat)
+                           evaluate=("rft", "kto"), **self.cat.set_fields())
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"train_tasks": list(self.train_tasks), "eval_tasks": list(self.eval_tasks), "seeds": list(self.seeds),
+                "methods": list(self.methods), "cat": self.cat.to_dict()}
 
 
 def pipeline_dir(out: Path, method: str, seed: int) -> Path:
