@@ -12,6 +12,7 @@ class lacks is an error naming it, raised when the record is made.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Any, Callable, ClassVar, Mapping, TypeVar
 
 from toolself.agent import AgentSettings
@@ -139,10 +140,11 @@ class TrainerOverrides(Overrides):
     TRL takes seconds, so only then)."""
 
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    config: ClassVar[str] = ""  # the stage's TRL config, `module:Class`
 
-    @staticmethod
-    def config_fields() -> set[str]:
-        raise NotImplementedError
+    def config_fields(self) -> set[str]:
+        module, _, name = self.config.partition(":")
+        return {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), name))}
 
     @classmethod
     def _make(cls: type[T], given: dict[str, Any], rest: dict[str, Any]) -> T:
@@ -168,12 +170,7 @@ class RFTOverrides(TrainerOverrides):
     """Stage I's training options (`RFTConfig` fields)."""
 
     what: ClassVar[str] = "RFT option"
-
-    @staticmethod
-    def config_fields() -> set[str]:
-        from toolself.train.rft_config import RFTConfig
-
-        return {f.name for f in dataclasses.fields(RFTConfig)}
+    config: ClassVar[str] = "toolself.train.rft_config:RFTConfig"
 
 
 @overriding(KTOOptions, KernelArguments)
@@ -181,9 +178,4 @@ class KTOOverrides(TrainerOverrides):
     """Stage II's training options (`CATKTOConfig` fields)."""
 
     what: ClassVar[str] = "KTO option"
-
-    @staticmethod
-    def config_fields() -> set[str]:
-        from toolself.train.kto_config import CATKTOConfig
-
-        return {f.name for f in dataclasses.fields(CATKTOConfig)}
+    config: ClassVar[str] = "toolself.train.kto_config:CATKTOConfig"
