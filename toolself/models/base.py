@@ -48,7 +48,9 @@ class ToolCall:
 @dataclass
 class Message:
     """A chat message. `reasoning` holds a `<think>` block, kept for the record but never
-    sent back to the model in later turns."""
+    sent back to the model in later turns. `images` are image URLs (a base64 `data:` URL for
+    local bytes) sent with the text as OpenAI `image_url` content parts, before it, where
+    vision models' own chat templates place them; only the native wire carries them."""
 
     role: str  # system | user | assistant | tool
     content: str = ""
@@ -56,9 +58,14 @@ class Message:
     tool_call_id: str | None = None
     name: str | None = None
     reasoning: str | None = None
+    images: list[str] = field(default_factory=list)
 
     def to_openai(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        content: Any = self.content
+        if self.images:
+            content = [{"type": "image_url", "image_url": {"url": url}} for url in self.images]
+            content.append({"type": "text", "text": self.content})
+        out: dict[str, Any] = {"role": self.role, "content": content}
         if self.tool_calls:
             out["tool_calls"] = [
                 {
@@ -76,8 +83,8 @@ class Message:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        if not out["tool_calls"]:
-            del out["tool_calls"]
+        for empty in [k for k in ("tool_calls", "images") if not out[k]]:
+            del out[empty]
         return {k: v for k, v in out.items() if v is not None}
 
     @classmethod
