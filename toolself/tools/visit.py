@@ -155,7 +155,13 @@ def extract_evidence(model, goal: str, source: str, text: str) -> str:
     from toolself.models.base import Message
 
     prompt = _template("paper/visit_extract.j2").render(goal=goal, source=source, text=text).strip()
-    reply = (model.complete([Message("user", prompt)]).text or "").strip()
+    return evidence_of(model.complete([Message("user", prompt)]).text)
+
+
+def evidence_of(reply: str | None) -> str:
+    """The evidence and the summary of a summariser's JSON reply (the whole reply when it is
+    not that JSON): one shape for every goal-directed reading, of pages, files and images."""
+    reply = (reply or "").strip()
     start, end = reply.find("{"), reply.rfind("}")
     try:
         data = json.loads(reply[start:end + 1]) if start != -1 and end > start else None
