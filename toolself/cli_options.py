@@ -2,11 +2,11 @@
 
 `run`, `eval`, `train cat` and `train study` all take the same `--docs`, `--tools`,
 `--user-tools`, `--mcp`, `--tools-config`, web (`--search`, `--search-url`, `--reader`,
-`--reader-url`, `--visit-model`), `--judge` and `--allow-missing` options (`serve` runs no
-agent, only a model, so it takes none: an option it would ignore is worse than none). `@tool_options`
-adds them to a command's signature (so typer shows them in its help) and hands the command
-one parsed `ToolOptions` as its `tool_options` argument: the strings are parsed here, once,
-and nothing below the command line reads them again.
+`--reader-url`, `--visit-model`), `--vision-model`, `--judge` and `--allow-missing` options
+(`serve` runs no agent, only a model, so it takes none: an option it would ignore is worse
+than none). `@tool_options` adds them to a command's signature (so typer shows them in its
+help) and hands the command one parsed `ToolOptions` as its `tool_options` argument: the
+strings are parsed here, once, and nothing below the command line reads them again.
 
     @app.command()
     @tool_options
@@ -61,6 +61,9 @@ OPTIONS: dict[str, _Option] = {
                                                "r.jina.ai)."),
     "visit_model": _Option(Optional[str], None, "Summariser for goal-directed visits: openai:NAME@URL (default: "
                                                 "VISIT_LLM_MODEL at VISIT_LLM_API_BASE_URL, else the policy)."),
+    "vision_model": _Option(Optional[str], None, "Vision model file_analyzer shows images to: openai:NAME@URL "
+                                                  "(default: FILE_ANALYZER_VISION_MODEL at "
+                                                  "FILE_ANALYZER_API_BASE_URL, else images are refused)."),
     "judge": _Option(Optional[str], None, "LLM judge for free-text answers (FRAMES, xbench): openai:NAME@URL."),
     "allow_missing": _Option(list[str], [], "Run even though tasks need this and it is not configured: "
                                             "search, read, judge, attachments, tests. Repeatable or comma-separated."),

@@ -36,7 +36,8 @@ HOW = {
     "read": "keep `visit` in --tools and allow the web: a search backend, --reader jina (JINA_READER_URL), "
             "or TOOLSELF_ONLINE=1",
     "judge": "pass --judge openai:NAME@URL",
-    "attachments": "keep `file_analyzer` in --tools, and check the task files exist",
+    "attachments": "keep `file_analyzer` in --tools, check the task files exist, and give images a vision model "
+                   "(--vision-model openai:NAME@URL)",
     "tests": "make the test runner available (see the task's message)",
 }
 
@@ -105,9 +106,23 @@ def unmet(needs: TaskNeeds, provided: Provided) -> dict[str, str]:
             out["attachments"] = "`file_analyzer` is not in the pool"
         elif absent:
             out["attachments"] = f"missing file {absent[0]}"
+        elif provided.web.vision_model is None and (images := [f for f in needs.attachments if _is_image(f)]):
+            out["attachments"] = f"{images[0]} is an image and there is no --vision-model"
     if needs.tests and (needs.problems or shutil.which("bash") is None):
         out["tests"] = needs.problems[0] if needs.problems else "bash is not installed"
     return out
+
+
+def _is_image(path: str) -> bool:
+    """Whether an attachment is an image `file_analyzer` shows to the vision model (by its
+    first bytes, as the tool decides)."""
+    from toolself.tools.vision import SIGNATURE_BYTES, image_type
+
+    try:
+        with open(path, "rb") as handle:
+            return image_type(handle.read(SIGNATURE_BYTES)) is not None
+    except OSError:
+        return False
 
 
 def known_needs(names: Iterable[str]) -> set[str]:

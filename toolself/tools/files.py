@@ -1,4 +1,5 @@
-"""`file_analyzer`: the text of PDF, DOCX, XLSX, PPTX, CSV, HTML, JSON (and plain text) files.
+"""`file_analyzer`: the text of PDF, DOCX, XLSX, PPTX, CSV, HTML, JSON (and plain text) files,
+and what the run's vision model sees in images.
 
 Conversion goes through markitdown, which renders tables as markdown tables, the form small
 models read best. Document parsers are large and the files are untrusted (a task's own code
@@ -11,6 +12,11 @@ and sends the bytes; files up to `MAX_BYTES` (50 MB) are read.
 Long results are paginated like `visit`, never cut silently, and each converted file is kept
 per attempt (by path, size and modification time) so that reading page 2 does not convert
 again.
+
+A PNG, JPEG, GIF or WebP file (known by its first bytes, whatever its name) is not converted:
+its bytes, up to 20 MB, go to the run's vision model (`--vision-model`) with the goal, or
+with a request for a full description when the tool has no goal (`toolself.tools.vision`);
+without a vision model the observation says so and names the option.
 """
 
 from __future__ import annotations
@@ -20,11 +26,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from toolself.tools.base import Tool, ToolContext, ToolError, tool
+from toolself.tools.base import Tool, ToolContext, ToolError
 from toolself.tools.sandbox import LIMITS_PRELUDE, SandboxedProcess, SandboxUser, limits_for
+from toolself.tools.vision import DESCRIBE_GOAL, MAX_IMAGE_BYTES, SIGNATURE_BYTES, Image, VisionReader, image_type
 from toolself.tools.visit import Visit, extract_evidence, paginate
 from toolself.tools.web.settings import WebSettings
-from toolself.tools.workspace import Workspace, kind_of
+from toolself.tools.workspace import Location, Workspace, kind_of
 
 MAX_BYTES = 50 * 1024 * 1024
 MAX_TEXT_CHARS = 5_000_000
@@ -144,77 +151,129 @@ def convert_bytes(data: bytes, name: str, ctx: ToolContext) -> str:
     return Converter.for_context(ctx).convert(data, name)
 
 
-@tool
-def file_analyzer(path: str, ctx: ToolContext, page: int = 1) -> str:
-    """Read a document file of the workspace as text: PDF, DOCX, XLSX, PPTX, CSV, HTML, JSON or plain text.
-
-    Tables come out as markdown tables; long documents are split into pages.
-
-    Args:
-        path: The file, relative to the workspace root.
-        page: Which page of the text to read, starting at 1.
-    """
-    if page < 1:
-        raise ToolError("page starts at 1")
-    shown, pages = _pages(path, ctx)
-    if page > len(pages):
-        raise ToolError(f"{shown} has {len(pages)} page(s); page {page} does not exist")
-    text = pages[page - 1] or "(the file has no text)"
-    header = f"{shown}" + (f" (page {page} of {len(pages)})" if len(pages) > 1 else "")
-    footer = f"\n\n[page {page} of {len(pages)}; call file_analyzer with page={page + 1} to read on]" if page < len(pages) else ""
-    return f"{header}\n\n{text}{footer}"
-
-
-def _pages(path: str, ctx: ToolContext) -> tuple[str, list[str]]:
-    """The file as it is shown, and its converted text in pages (cached per attempt)."""
+def _located(path: str, ctx: ToolContext) -> tuple[Workspace, Location]:
+    """The regular file `path` names inside the workspace (links followed only inside it)."""
     if ctx is None:
         raise ToolError("file_analyzer needs a task context (a workspace)")
     ws = Workspace.of(ctx)
     loc = ws.locate(path)
-    shown = loc.shown
     if loc.kind == "missing":
-        raise ToolError(f"{shown} does not exist")
+        raise ToolError(f"{loc.shown} does not exist")
     if loc.kind != "file":
-        raise ToolError(f"{shown} is {kind_of(loc.st.st_mode)}, not a file")
+        raise ToolError(f"{loc.shown} is {kind_of(loc.st.st_mode)}, not a file")
+    return ws, loc
+
+
+def _image(ws: Workspace, loc: Location) -> Image | None:
+    """The file's bytes when its signature is an image's, else None; an image over
+    `MAX_IMAGE_BYTES` is refused."""
+    with ws.open_file(loc) as (handle, st):
+        mime = image_type(handle.read(SIGNATURE_BYTES))
+        if mime is None:
+            return None
+        if st.st_size > MAX_IMAGE_BYTES:
+            raise ToolError(f"{loc.shown} is an image of {st.st_size / 2 ** 20:.1f} MB; file_analyzer sends images "
+                            f"up to {MAX_IMAGE_BYTES >> 20} MB to the vision model")
+        handle.seek(0)
+        data = handle.read(MAX_IMAGE_BYTES + 1)
+    if len(data) > MAX_IMAGE_BYTES:
+        raise ToolError(f"{loc.shown} grew past {MAX_IMAGE_BYTES >> 20} MB while it was read")
+    return Image(data, mime)
+
+
+def _pages(ws: Workspace, loc: Location, ctx: ToolContext) -> list[str]:
+    """The file's converted text in pages (cached per attempt)."""
     cache: dict = ctx.resources.setdefault("file_analyzer_pages", {})
     with ws.open_file(loc) as (handle, st):
         if st.st_size > MAX_BYTES:
-            raise ToolError(f"{shown} is {st.st_size >> 20} MB; file_analyzer reads files up to {MAX_BYTES >> 20} MB")
+            raise ToolError(f"{loc.shown} is {st.st_size >> 20} MB; file_analyzer reads files up to "
+                            f"{MAX_BYTES >> 20} MB")
         key = (loc.parts, st.st_size, st.st_mtime_ns)
         if key not in cache:
             data = handle.read(MAX_BYTES + 1)
             if len(data) > MAX_BYTES:
-                raise ToolError(f"{shown} grew past {MAX_BYTES >> 20} MB while it was read")
+                raise ToolError(f"{loc.shown} grew past {MAX_BYTES >> 20} MB while it was read")
             cache[key] = paginate(convert_bytes(data, loc.parts[-1], ctx))
-    return shown, cache[key]
+    return cache[key]
 
 
 GOAL_READ_CHARS = 100_000
 
 
 @dataclass
-class _GoalFiles:
-    max_chars: int = GOAL_READ_CHARS
-    reader: Visit = field(default_factory=Visit)
+class Files:
+    """The tool's state: the run's settings, the text model of goal readings (`visit`'s
+    summariser) and the vision model images go to, both built on first use."""
 
-    def file_analyzer(self, path: str, goal: str, ctx: ToolContext) -> str:
-        """Analyse a file of the workspace (PDF, DOCX, XLSX, PPTX, CSV, HTML, JSON or text) for a goal.
+    settings: WebSettings | None = None
+    max_chars: int = GOAL_READ_CHARS
+    reader: Visit = field(init=False)
+    vision: VisionReader = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.reader = Visit(self.settings)
+        self.vision = VisionReader(self.settings)
+
+    def read(self, path: str, ctx: ToolContext, page: int = 1) -> str:
+        """Read a file of the workspace: the text of a PDF, DOCX, XLSX, PPTX, CSV, HTML, JSON or
+        text file, or a description of an image (PNG, JPEG, GIF, WebP).
+
+        Tables come out as markdown tables; long documents are split into pages.
+
+        Args:
+            path: The file, relative to the workspace root.
+            page: Which page of the text to read, starting at 1.
+        """
+        if page < 1:
+            raise ToolError("page starts at 1")
+        ws, loc = _located(path, ctx)
+        image = _image(ws, loc)
+        if image is not None:
+            if page > 1:
+                raise ToolError(f"{loc.shown} is an image; it has one page")
+            return f"{loc.shown}\n\n{self.vision.read(image, DESCRIBE_GOAL, loc.shown)}"
+        pages = _pages(ws, loc, ctx)
+        if page > len(pages):
+            raise ToolError(f"{loc.shown} has {len(pages)} page(s); page {page} does not exist")
+        text = pages[page - 1] or "(the file has no text)"
+        header = f"{loc.shown}" + (f" (page {page} of {len(pages)})" if len(pages) > 1 else "")
+        footer = (f"\n\n[page {page} of {len(pages)}; call file_analyzer with page={page + 1} to read on]"
+                  if page < len(pages) else "")
+        return f"{header}\n\n{text}{footer}"
+
+    def analyse(self, path: str, goal: str, ctx: ToolContext) -> str:
+        """Analyse a file of the workspace for a goal: a document (PDF, DOCX, XLSX, PPTX, CSV,
+        HTML, JSON or text) or an image (PNG, JPEG, GIF, WebP).
 
         Args:
             path: The file, relative to the workspace root.
             goal: What you want to learn from the file.
         """
-        shown, pages = _pages(path, ctx)
+        ws, loc = _located(path, ctx)
+        image = _image(ws, loc)
+        if image is not None:
+            return f"{loc.shown}\n\n{self.vision.read(image, goal, loc.shown)}"
+        pages = _pages(ws, loc, ctx)
         text = "".join(pages)[: self.max_chars]
-        model = self.reader.summariser(self.reader.settings or WebSettings.from_env(), ctx)
+        model = self.reader.summariser(self.settings or WebSettings.from_env(), ctx)
         if model is None or not text:
-            return f"{shown}\n\n{pages[0] if pages and pages[0] else '(the file has no text)'}"
-        return f"{shown}\n\n{extract_evidence(model, goal, shown, text)}"
+            return f"{loc.shown}\n\n{pages[0] if pages and pages[0] else '(the file has no text)'}"
+        return f"{loc.shown}\n\n{extract_evidence(model, goal, loc.shown, text)}"
+
+
+def file_analyzer_tool(settings: WebSettings | None) -> Tool:
+    """`file_analyzer` bound to the run's settings (None: read from the environment at each
+    call): documents as paginated text, images through the run's vision model."""
+    return Tool(Files(settings).read, name="file_analyzer")
 
 
 def goal_file_analyzer(max_chars: int = GOAL_READ_CHARS, settings: WebSettings | None = None) -> Tool:
     """`file_analyzer` in the authors' form (the `paper` preset): a file and a goal; the first
     `max_chars` characters of its text go to the text model `visit` summarises with (the run's
     `--visit-model`, else the attempt's model), which extracts the evidence for the goal as
-    `visit` does (`visit.extract_evidence`); without a model, the first page."""
-    return Tool(_GoalFiles(max_chars, Visit(settings)).file_analyzer)
+    `visit` does (`visit.extract_evidence`); without a model, the first page. An image goes
+    with the goal to the run's vision model (`toolself.tools.vision`)."""
+    return Tool(Files(settings, max_chars).analyse, name="file_analyzer")
+
+
+file_analyzer = file_analyzer_tool(None)

@@ -1,8 +1,8 @@
 """The tools a run uses, as one typed record: the pool's shape (built-ins, user tools, MCP
 servers, a tools config, a document collection), the web services behind `search` and
-`visit`, the judge, and the needs a user allows to be missing. Parsed once from the command
-line (`toolself.cli_options`), stored as a plain dict where a run must be resumable (a CAT
-pipeline's state), and turned into a pool here."""
+`visit`, the vision model behind `file_analyzer`, the judge, and the needs a user allows to
+be missing. Parsed once from the command line (`toolself.cli_options`), stored as a plain
+dict where a run must be resumable (a CAT pipeline's state), and turned into a pool here."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class ToolOptions:
     def parse(cls, docs: Path | None = None, tools: str | None = None, user_tools: list[str] = (),
               mcp: list[str] = (), tools_config: Path | None = None, search: str | None = None,
               search_url: str | None = None, reader: str | None = None, reader_url: str | None = None,
-              visit_model: str | None = None, judge: str | None = None,
+              visit_model: str | None = None, vision_model: str | None = None, judge: str | None = None,
               allow_missing: list[str] = ()) -> "ToolOptions":
         """Raises ValueError naming the option at fault (`--allow-missing` values are checked
         where needs are known, `evals.preflight`)."""
@@ -45,7 +45,7 @@ class ToolOptions:
             raise ValueError(f"--judge takes openai:NAME@URL, not {judge!r}")
         allowed = frozenset(_split(list(allow_missing)))
         web = WebSettings.from_env(search=search, search_url=search_url, reader=reader, reader_url=reader_url,
-                                   visit_model=visit_model)
+                                   visit_model=visit_model, vision_model=vision_model)
         return cls(docs=Path(docs) if docs else None, tools=tuple(_split([tools])) if tools else None,
                    user_tools=tuple(user_tools), mcp=tuple(mcp), tools_config=tools_config, web=web, judge=judge,
                    allow_missing=allowed)
@@ -55,7 +55,9 @@ class ToolOptions:
         return self if self.web.cache_dir else replace(self, web=replace(self.web, cache_dir=Path(folder)))
 
     def pool(self):
-        """The global pool these options name, with `search` and `visit` bound to the web settings."""
+        """The global pool these options name, with `search`, `visit` and `file_analyzer` bound
+        to the web settings."""
+        from toolself.tools.files import file_analyzer_tool
         from toolself.tools.registry import default_pool
         from toolself.tools.search import search_tool
         from toolself.tools.visit import visit_tool
@@ -63,7 +65,7 @@ class ToolOptions:
         pool = default_pool(include=list(self.tools) if self.tools is not None else None,
                             mcp_servers=list(self.mcp) or None, user_tools=list(self.user_tools) or None,
                             config=self.tools_config)
-        for bound in (search_tool(self.web, self.docs), visit_tool(self.web, self.docs)):
+        for bound in (search_tool(self.web, self.docs), visit_tool(self.web, self.docs), file_analyzer_tool(self.web)):
             if bound.name in pool:
                 pool.replace(bound)
         return pool

@@ -9,8 +9,11 @@ clients, so a setup written for either works here:
     BRAVE_API_KEY, JINA_API_KEY (or JINA_KEY)   time, never stored or recorded)
     JINA_READER_URL                             read pages through a Jina-Reader-style service
     VISIT_LLM_MODEL + VISIT_LLM_API_BASE_URL    the summariser model of `visit`
+    FILE_ANALYZER_VISION_MODEL +                the vision model `file_analyzer` shows images
+      FILE_ANALYZER_API_BASE_URL                to
     TOOLSELF_SEARCH, TOOLSELF_READER,           choose explicitly; TOOLSELF_WEB_CACHE holds
-    TOOLSELF_VISIT_MODEL, TOOLSELF_WEB_CACHE    the answers cache
+    TOOLSELF_VISIT_MODEL, TOOLSELF_WEB_CACHE,   the answers cache
+    TOOLSELF_VISION_MODEL
 
 With no search backend chosen, the first of SEARX_HOST, SERPER_API_KEY, TAVILY_API_KEY,
 BRAVE_API_KEY, JINA_API_KEY that is set picks one.
@@ -35,21 +38,30 @@ def _env(environ: Mapping[str, str], name: str) -> str | None:
     return environ.get(name, "").strip() or None
 
 
+def _model_env(environ: Mapping[str, str], spec: str, name: str, url: str) -> str | None:
+    """A model spec from its own variable, else from the official code's name and URL pair."""
+    if _env(environ, spec) is None and _env(environ, name) and _env(environ, url):
+        return f"openai:{_env(environ, name)}@{_env(environ, url)}"
+    return _env(environ, spec)
+
+
 @dataclass(frozen=True)
 class WebSettings:
     """search: a backend name (searxng, serper, tavily, brave, jina) or None for no web search
     (a task's own document collection is always searched first); search_url: its endpoint
     (default: its variable, such as SEARX_HOST or SERPER_URL, then the public service); reader:
     direct | jina; visit_model: the summariser model spec (openai:NAME@URL) or None (pages are
-    paginated); cache_dir: where service answers are kept (None: not cached); online: pages may
-    be fetched even without a search backend (TOOLSELF_ONLINE=1); retry: attempts, backoff and
-    timeout of every request."""
+    paginated); vision_model: the model `file_analyzer` sends images to (openai:NAME@URL) or
+    None (images are refused, naming the option that provides one); cache_dir: where service
+    answers are kept (None: not cached); online: pages may be fetched even without a search
+    backend (TOOLSELF_ONLINE=1); retry: attempts, backoff and timeout of every request."""
 
     search: str | None = None
     search_url: str | None = None
     reader: str = "direct"
     reader_url: str | None = None
     visit_model: str | None = None
+    vision_model: str | None = None
     cache_dir: Path | None = None
     online: bool = False
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -61,6 +73,8 @@ class WebSettings:
             raise ValueError(f"unknown page reader {self.reader!r}; choose one of {list(READERS)}")
         if self.visit_model is not None and not self.visit_model.startswith("openai:"):
             raise ValueError(f"--visit-model takes openai:NAME@URL, not {self.visit_model!r}")
+        if self.vision_model is not None and not self.vision_model.startswith("openai:"):
+            raise ValueError(f"--vision-model takes openai:NAME@URL, not {self.vision_model!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **chosen: object) -> "WebSettings":
@@ -69,13 +83,13 @@ class WebSettings:
         search = _env(env, "TOOLSELF_SEARCH")
         if search is None:
             search = next((name for name, keys in _DETECT if any(_env(env, k) for k in keys)), None)
-        visit_model = _env(env, "TOOLSELF_VISIT_MODEL")
-        if visit_model is None and _env(env, "VISIT_LLM_MODEL") and _env(env, "VISIT_LLM_API_BASE_URL"):
-            visit_model = f"openai:{_env(env, 'VISIT_LLM_MODEL')}@{_env(env, 'VISIT_LLM_API_BASE_URL')}"
+        visit_model = _model_env(env, "TOOLSELF_VISIT_MODEL", "VISIT_LLM_MODEL", "VISIT_LLM_API_BASE_URL")
+        vision_model = _model_env(env, "TOOLSELF_VISION_MODEL", "FILE_ANALYZER_VISION_MODEL",
+                                  "FILE_ANALYZER_API_BASE_URL")
         cache = _env(env, "TOOLSELF_WEB_CACHE")
         base = cls(search=search,
                    reader=_env(env, "TOOLSELF_READER") or ("jina" if _env(env, "JINA_READER_URL") else "direct"),
-                   reader_url=_env(env, "JINA_READER_URL"), visit_model=visit_model,
+                   reader_url=_env(env, "JINA_READER_URL"), visit_model=visit_model, vision_model=vision_model,
                    cache_dir=Path(cache) if cache else None,
                    online=(_env(env, "TOOLSELF_ONLINE") or "").lower() in {"1", "true", "yes"})
         return replace(base, **{k: v for k, v in chosen.items() if v is not None})
@@ -94,7 +108,7 @@ class WebSettings:
     def to_dict(self) -> dict[str, object]:
         """For run records and saved settings: names and endpoints, never a key."""
         return {"search": self.search, "search_url": self.search_url, "reader": self.reader,
-                "reader_url": self.reader_url, "visit_model": self.visit_model,
+                "reader_url": self.reader_url, "visit_model": self.visit_model, "vision_model": self.vision_model,
                 "cache_dir": str(self.cache_dir) if self.cache_dir else None, "online": self.online}
 
     @classmethod
