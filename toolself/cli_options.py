@@ -1,10 +1,9 @@
 """The tool options every agent-running command takes, defined once.
 
-`run`, `eval`, `train cat` and `train study` all take the same `--docs`, `--tools`,
-`--user-tools`, `--mcp`, `--tools-config`, web (`--search`, `--search-url`, `--reader`,
-`--reader-url`, `--visit-model`), `--vision-model`, `--judge` and `--allow-missing` options
-(`serve` runs no agent, only a model, so it takes none: an option it would ignore is worse
-than none). `@tool_options` adds them to a command's signature (so typer shows them in its
+`run`, `eval`, `train cat`, `train study` and `serve` (for the agent it serves beside the
+model) all take the same `--docs`, `--tools`, `--user-tools`, `--mcp`, `--tools-config`, web
+(`--search`, `--search-url`, `--reader`, `--reader-url`, `--visit-model`), `--vision-model`,
+`--judge` and `--allow-missing` options. `@tool_options` adds them to a command's signature (so typer shows them in its
 help) and hands the command one parsed `ToolOptions` as its `tool_options` argument: the
 strings are parsed here, once, and nothing below the command line reads them again.
 
