@@ -187,7 +187,7 @@ def test_train_data_renders_the_examples_in_the_presets_protocol(tmp_path, prese
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_train_cat_with_the_paper_preset_collects_from_a_served_teacher_as_the_authors_did(tmp_path, monkeypatch):
+def test_train_cat_with_the_paper_preset_collects_and_scores_as_the_authors_did(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     terminate = tool_call("terminate", status="success", result="Gastburg", summary="looked it up")
     teacher = FakeService([Reply(200, completion(official_config(toolbox=("search", "visit")))),
@@ -205,7 +205,12 @@ def test_train_cat_with_the_paper_preset_collects_from_a_served_teacher_as_the_a
     bodies = [r["body"] for r in teacher.requests]
     assert bodies and all(b["temperature"] == 0.6 and b["top_p"] == 0.95 and "tools" not in b for b in bodies)
     assert all("<tools>" not in b["messages"][0]["content"] for b in bodies)
-    trajectory = json.loads((out / "collect" / "teacher" / "toolself" / "trajectories.jsonl").read_text())
+    collected = out / "collect" / "teacher"
+    trajectory = json.loads((collected / "toolself" / "trajectories.jsonl").read_text())
     assert trajectory["end_reason"] == "terminate" and trajectory["answer"] == "Gastburg"  # the first call only
+    record = json.loads((collected / "toolself" / "results.jsonl").read_text())
+    assert record["correct"] and (record["scorer"], record["reason"]) == ("paper", "correct at the exact step")
+    assert json.loads((collected / "tools.json").read_text())["visit"]["function"]["parameters"]["required"] == [
+        "url", "goal"]  # the authors' visit
     saved = json.loads((out / "state.json").read_text())["settings"]
     assert saved["preset"] == "paper" and saved["temperature"] == 0.6 and saved["timeout"] == 1800

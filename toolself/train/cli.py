@@ -42,8 +42,8 @@ ADDRESS = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001).
 RAY_CPUS = typer.Option(1.0, min=0.01, help="Ray CPUs each attempt holds.")
 RENDER_PRESET_HELP = ("Render the data as a run preset's policy is prompted (paper: the authors' text protocol, "
                       "<think> kept); the preset's name is saved with the data.")
-TRAIN_PRESET_HELP = ("A run preset (paper): its agent settings, sampling, timeout and tool-call protocol for the "
-                     "collection, and its protocol for rendering the data (saved with the data).")
+TRAIN_PRESET_HELP = ("A run preset (paper): its agent settings, sampling, timeout, tool-call protocol, tools and "
+                     "scorer for the collection, and its protocol for rendering the data (saved with the data).")
 
 
 def _main_process() -> bool:
@@ -246,7 +246,7 @@ def _collection(tasks: list[str], student: str, samples: int, limit: Optional[in
                 seed: int, concurrency: int, timeout: float, context_budget: Optional[int],
                 preset: Optional[str]) -> Collection:
     """How `train rft` and `train kto` collect: under the budgets of the model being trained and
-    the preset's settings, sampling and timeout."""
+    the preset's settings, sampling and timeout (its tools and scorer: `steps.AttemptTools`)."""
     from toolself.models.spec import ModelSpec
     from toolself.train.steps import Collection, agent_budgets
 
@@ -399,7 +399,7 @@ def cat_command(
     """CAT end to end: collect -> RFT -> collect -> KTO -> evaluate, resumable step by step.
     Every task's needs (web search, a judge, ...) are checked before any work. `--preset` sets
     the agent's settings, the sampling, the timeout and the tool-call protocol of every model the
-    run loads, and the protocol the training data is rendered in."""
+    run loads, the tools and scorer of every attempt, and the protocol the data is rendered in."""
     from toolself.train.pipeline import CATSettings, PipelineMismatch, StepDied, run_cat
 
     run_preset = _run_preset(preset)

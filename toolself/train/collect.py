@@ -45,13 +45,14 @@ def collect(tasks: Sequence[str], model: Any, out: str | Path, samples: int, *, 
             limit: int | None = None, temperature: float = 0.7, seed: int = 0, concurrency: int = 4,
             timeout: float | None = 600.0, settings: dict[str, Any] | None = None, pool: Any = None,
             progress: bool = True, backend: Any = "local", dtype: str = "auto", judge: Any = None,
-            model_options: dict[str, Any] | None = None) -> CollectResult:
+            model_options: dict[str, Any] | None = None, loader: Any = None) -> CollectResult:
     """Run `samples` attempts per task with `model` (a spec such as `expert`, `embedded`,
     `local:DIR`, `openai:NAME@URL`, or a ChatModel) as `method` (`toolself`, or `vanilla` for
     the static-configuration control) into the runner folder `out`; rerunning resumes it.
     backend: where the attempts run (`local`, `ray`, a runner Backend); judge: the judge of
     free-text answers (a spec or an LLMJudge), whose verdicts label the trajectories;
-    model_options: load options over the spec's own (a run preset's sampling and protocol)."""
+    model_options: load options over the spec's own (a run preset's sampling and protocol);
+    loader: loads the tasks (`runner.evaluate`'s; a run preset's rescores them)."""
     model = ModelSpec.parse(model) if isinstance(model, str) else model
     options = {**(model.options(temperature, seed, dtype) if isinstance(model, ModelSpec) else {}),
                **(model_options or {})}
@@ -62,7 +63,7 @@ def collect(tasks: Sequence[str], model: Any, out: str | Path, samples: int, *, 
     out.mkdir(parents=True, exist_ok=True)
     (out / TOOLS_FILE).write_text(json.dumps(tool_schemas(pool), indent=1) + "\n", encoding="utf-8")
     summary = evaluate(list(tasks), [method], run, out, repeats=samples, limit=limit, concurrency=concurrency,
-                       pool=pool, progress=progress, backend=backend)
+                       pool=pool, progress=progress, backend=backend, loader=loader)
     return CollectResult(run_dir=str(out), attempts=summary.attempts, ran=summary.ran,
                          correct=sum(r.correct for r in summary.records),
                          errors=sum(r.status == "error" for r in summary.records),

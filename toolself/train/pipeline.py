@@ -34,6 +34,7 @@ from toolself.tools.options import ToolOptions
 from toolself.train.data import load_dataset_dir, save_dataset
 from toolself.train.settings import AgentOverrides, KTOOverrides, RFTOverrides
 from toolself.train.steps import (
+    AttemptTools,
     Collection,
     agent_budgets,
     collect_attempts,
@@ -58,8 +59,9 @@ class CATSettings:
     """What defines a CAT run (compared on resume). `agent`, `rft` and `kto` take a record or
     its dict (as a run file holds it). preset: a run preset (`paper`) whose agent settings come
     between the student's budgets and `agent`, whose load options reach every model the run
-    loads, and whose text protocol the training data is rendered in; `temperature` and
-    `timeout` stay as given (the command line sets them from the preset)."""
+    loads, whose tools, judge and scorer every attempt works and is scored with
+    (`steps.AttemptTools`), and whose text protocol the training data is rendered in;
+    `temperature` and `timeout` stay as given (the command line sets them from the preset)."""
 
     tasks: list[str]
     method: str = "toolself"
@@ -186,17 +188,15 @@ def tool_options(settings: CATSettings, out: Path) -> ToolOptions | None:
 def evaluate(settings: CATSettings, model: str, out: Path, backend: Any = "local") -> Any:
     """One model on the held-out split, run as every evaluation of a CAT run is; returns the
     runner's summary."""
-    options = tool_options(settings, out)
-    pool = options.pool() if options else None
+    attempt = AttemptTools.of(tool_options(settings, out), settings.run_preset())
     try:
         return run_eval(settings.eval_tasks or settings.tasks, [settings.method], model, out, split="heldout",
                         limit=settings.eval_limit, seed=settings.eval_seed, concurrency=settings.concurrency,
                         timeout=settings.timeout, settings=agent_overrides(settings), backend=backend,
-                        model_options=settings.model_options(model), pool=pool,
-                        judge=options.judge if options else None)
+                        model_options=settings.model_options(model), pool=attempt.pool, judge=attempt.judge,
+                        loader=attempt.loader)
     finally:
-        if pool is not None:
-            pool.close()
+        attempt.close()
 
 
 def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_after: str | None = None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from toolself.models.protocol import DEFAULT, TextProtocol, text_protocol_named
 from toolself.models.spec import ModelSpec
@@ -65,21 +65,53 @@ def rendering(preset: RunPreset | None) -> TextProtocol:
     return text_protocol_named(preset.protocol.text_protocol) if preset is not None else DEFAULT
 
 
+@dataclass
+class AttemptTools:
+    """What a training run's attempts work and are scored with: the pool and judge of its tool
+    options (the defaults when it has none), reshaped by its preset (the preset's tool
+    behaviour, its judge's temperature, its scorer for every task scored by its answer)."""
+
+    pool: Any = None  # None: the runner's default pool
+    judge: Any = None
+    loader: Callable[..., list[Any]] | None = None  # None: the runner's own
+
+    @classmethod
+    def of(cls, tools: Any, preset: RunPreset | None) -> "AttemptTools":
+        """tools: the run's `ToolOptions`, or None for the defaults."""
+        if preset is None:
+            return cls(tools.pool(), tools.judge) if tools is not None else cls()
+        from toolself.evals.loaders import load_tasks
+        from toolself.tools.options import ToolOptions
+
+        tools = tools if tools is not None else ToolOptions.parse()
+        pool = tools.pool()
+        try:
+            preset.adapt_pool(pool, tools.web, tools.docs)
+            return cls(pool, preset.judge(tools.judge), preset.retarget(load_tasks))
+        except BaseException:
+            pool.close()
+            raise
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+
 def collect_attempts(model: ModelSpec, out: Path, collection: Collection, *, backend: Any = "local",
                      tools: Any = None) -> CollectResult:
     """`collection.samples` scored attempts per task by `model` into the runner folder `out`
     (resumable); `tools`: the run's `ToolOptions` (pool and judge), None for the defaults."""
-    pool = tools.pool() if tools is not None else None
+    preset = run_preset(collection.preset)
+    attempt = AttemptTools.of(tools, preset)
     try:
         return collect(list(collection.tasks), model, out, collection.samples, method=collection.method,
                        split="train", limit=collection.limit, temperature=collection.temperature,
                        seed=collection.seed, concurrency=collection.concurrency, timeout=collection.timeout,
-                       settings=collection.agent.to_dict(), backend=backend, dtype=collection.dtype, pool=pool,
-                       judge=tools.judge if tools is not None else None,
-                       model_options=preset_options(run_preset(collection.preset), model))
+                       settings=collection.agent.to_dict(), backend=backend, dtype=collection.dtype,
+                       pool=attempt.pool, judge=attempt.judge, loader=attempt.loader,
+                       model_options=preset_options(preset, model))
     finally:
-        if pool is not None:
-            pool.close()
+        attempt.close()
 
 
 def load_sources(sources: Sequence[str | Path], method: str = "toolself") -> tuple[list[Any], dict[str, Any] | None]:
