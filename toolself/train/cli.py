@@ -248,12 +248,13 @@ def _collection(tasks: list[str], student: str, samples: int, limit: Optional[in
     """How `train rft` and `train kto` collect: under the budgets of the model being trained and
     the preset's settings, sampling and timeout (its tools and scorer: `steps.AttemptTools`)."""
     from toolself.models.spec import ModelSpec
+    from toolself.train.settings import AgentOverrides
     from toolself.train.steps import Collection, agent_budgets
 
     run_preset = _run_preset(preset)
     try:
         budgets = agent_budgets(ModelSpec.parse(student, directories=True),
-                                {"context_budget": context_budget} if context_budget else None, run_preset)
+                                AgentOverrides(context_budget=context_budget) if context_budget else None, run_preset)
     except ValueError as exc:
         _fail(str(exc))
     if run_preset is not None:

@@ -244,21 +244,20 @@ TRAIN_SUITES = ["builtin:research", "builtin:data", "builtin:code"]
 EVAL_SUITES = TRAIN_SUITES + ["builtin:mixed"]
 
 
-def _recipe() -> dict[str, Any]:
+def _recipe() -> Recipe:
     """The CAT settings of both presets: the smallest scale that learned anything on validation
     tasks (docs/notes/2026-12-03-x5-108-trajectories-two-epochs.md,
     docs/notes/2026-12-03-x8-two-thirds-of-the-data.md)."""
-    return {
-        "teacher": "expert", "teacher_samples": 1, "limit": 36,
-        "policy_samples": 2, "policy_limit": 3, "temperature": 0.7,
-        "eval_limit": 4, "max_length": 4096, "concurrency": 8, "timeout": 300.0, "dtype": "auto",
-        "agent": {"context_budget": 2000, "config_max_text": 600, "max_stages": 3, "max_steps_per_stage": 6},
-        "rft": {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4, "num_train_epochs": 2,
-                "learning_rate": 1e-3, "lora_layers": 12},
+    return Recipe(
+        teacher="expert", teacher_samples=1, limit=36, policy_samples=2, policy_limit=3, temperature=0.7,
+        eval_limit=4, max_length=4096, concurrency=8, timeout=300.0, dtype="auto",
+        agent=AgentOverrides(context_budget=2000, config_max_text=600, max_stages=3, max_steps_per_stage=6),
+        rft=RFTOverrides(per_device_train_batch_size=1, gradient_accumulation_steps=4, num_train_epochs=2,
+                         learning_rate=1e-3, lora_layers=12),
         # without recomputing the forward pass: docs/notes/2026-12-03-kto-without-recomputation.md
-        "kto": {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "max_steps": 6,
-                "learning_rate": 1e-4, "lora_layers": 12, "activation_checkpointing": False},
-    }
+        kto=KTOOverrides(per_device_train_batch_size=2, gradient_accumulation_steps=4, max_steps=6,
+                         learning_rate=1e-4, lora_layers=12, extra={"activation_checkpointing": False}),
+    )
 
 
 def demo_preset() -> StudySettings:
