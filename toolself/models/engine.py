@@ -7,8 +7,10 @@ asyncio; here two threads own the model and serve them all:
 
 - the prefill thread computes a new request alone, on top of the longest cached prefix of its
   prompt (a KV cache kept per session and, without sessions, matched by common token prefix),
-  while the decode thread keeps stepping the batch (and, when requests queue up, prefills one
-  itself between two steps); the prefilled sequence joins the batch between two decode steps;
+  `PREFILL_CHUNK` new tokens a forward pass, while the decode thread keeps stepping the batch
+  (and, when requests queue up, prefills one itself between two steps); the prefilled sequence
+  joins the batch between two decode steps, and one that decodes alone does so in the buffer
+  its prefill wrote, sized for its reply;
 - the batch keeps every sequence's keys and values in one preallocated buffer, right-aligned
   (left padding masked out) and packed into the first rows, so appending a token never copies
   the cache and a sequence that finishes is replaced by moving one row; the buffer has rows
@@ -93,6 +95,9 @@ class _Sequence:
     store_key: str
     generated: list[int] = field(default_factory=list)
     kv: KV | None = None  # while not in the batch
+    # The prefill's whole buffers per layer (`kv` are views of their first columns), with room
+    # for the reply: a batch this sequence starts decodes in them rather than in a copy.
+    buffers: KV | None = None
     generator: torch.Generator | None = None
     finish_reason: str | None = None
 
@@ -199,6 +204,14 @@ class PrefixStore:
 
 
 ATTENTION = "toolself_sdpa"
+# A prefill of more than CHUNKED_ABOVE new tokens reads them PREFILL_CHUNK at a time, on top of
+# the cache the earlier ones wrote, as a turn reads its new tokens on top of a reused cache: a
+# forward pass's temporaries grow with the tokens it reads (~3k at once held a few hundred
+# megabytes). Bfloat16 products round a chunk's rows differently from the whole's, so the
+# greedy reply after a chunked prefill can differ (as one after a reused cache can); below the
+# threshold, where most turns are, nothing changes (docs/notes/2026-12-04-chunked-prefill.md).
+PREFILL_CHUNK = 512
+CHUNKED_ABOVE = 2048
 
 
 def kv_block(num_layers: int, rows: int, heads: int, length: int, dim: int, dtype: torch.dtype,
@@ -359,7 +372,7 @@ class _Batch:
             layer.vbuf[i, :, self.width - n : self.width] = v[0]
         self.mask[i].zero_()
         self.mask[i, self.width - n : self.width] = 1
-        seq.kv = None
+        seq.kv = seq.buffers = None
         self.rows.append(seq)
 
     def leave(self, i: int) -> KV:
@@ -395,9 +408,12 @@ class _Batch:
         sources: list[tuple[_Sequence, KV]] = [(s, self._row_view(i)) for i, s in enumerate(self.rows)]
         if joining is not None:
             sources.append((joining, joining.kv))
-            joining.kv = None
+            joining.kv, buffers, joining.buffers = None, joining.buffers, None
         width = max(len(s.fed) for s, _ in sources)
         capacity = width + max(len(s.unfed) + s.remaining for s, _ in sources) + 16
+        if len(sources) == 1 and joining is not None and buffers and buffers[0][0].shape[-2] >= capacity:
+            self._adopt(joining, buffers)
+            return
         rows = min(self.max_rows, 1 << (len(sources) - 1).bit_length())
         k0 = sources[0][1][0][0]
         heads, dim = k0.shape[1], k0.shape[3]
@@ -419,6 +435,17 @@ class _Batch:
             self.mask[i, width - len(s.fed) : width] = 1
         self.width, self.capacity = width, capacity
 
+    def _adopt(self, seq: _Sequence, buffers: KV) -> None:
+        """Start a one-row batch in the prefill's own buffers: its cache already sits in their
+        first columns, as a lone row is laid out, and a copy would hold the episode's cache
+        twice for as long as it takes (the peak of a long turn, once the prefill is chunked)."""
+        capacity = buffers[0][0].shape[-2]
+        self.layers = [_RowLayer(k, v) for k, v in buffers]
+        self.rows = [seq]
+        self.mask = torch.zeros(1, capacity, dtype=torch.long, device=buffers[0][0].device)
+        self.mask[0, : len(seq.fed)] = 1
+        self.width, self.capacity = len(seq.fed), capacity
+
     def cache_for_step(self, span: int = 1) -> tuple[Cache, torch.Tensor]:
         """The cache and mask for a step that feeds every row `span` tokens."""
         n = len(self.rows)
@@ -439,8 +466,10 @@ class Engine:
     def __init__(self, model: Any, *, stop_token_ids: list[int], vocab_size: int, max_batch: int = 8,
                  cache_entries: int = 16, cache_bytes: int = 512 << 20, threads: int = 0,
                  kv_dtype: torch.dtype = torch.float32,
-                 jump_forward: Callable[[Any, int], list[int]] | None = None):
+                 jump_forward: Callable[[Any, int], list[int]] | None = None, prefill_chunk: int = PREFILL_CHUNK):
         self.model = model
+        self.prefill_chunk = prefill_chunk  # tokens a long prefill's forward pass reads at most; 0: all at once
+        self.chunked_above = CHUNKED_ABOVE
         self.device = model.device  # inputs are made where the model is (a GPU's, or the CPU)
         # (matcher, budget) -> the tokens the grammar forces next, already accepted by the
         # matcher; see `_step` for when they are fed at once.
@@ -622,16 +651,24 @@ class Engine:
         else:
             store_key = self.store.new_key()
         new_ids = request.prompt_ids[reused:] + request.forced_ids
-        cache = new_cache(self.num_layers, prefix_kv, self.kv_dtype, room=len(new_ids), kv_shape=self.kv_shape,
+        # Room for the reply too (what a lone row's batch needs, see `_Batch._relayout`).
+        room = len(new_ids) + request.max_tokens - len(request.forced_ids) + 16
+        cache = new_cache(self.num_layers, prefix_kv, self.kv_dtype, room=room, kv_shape=self.kv_shape,
                           device=self.device)
         prefix_kv = None  # copied: a taken entry is freed before the forward pass
-        positions = torch.arange(reused, reused + len(new_ids), device=self.device).unsqueeze(0)
-        out = self.model(input_ids=torch.tensor([new_ids], device=self.device), position_ids=positions, cache=cache,
-                         use_cache=True, logits_to_keep=1)
-        cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        chunked = self.prefill_chunk and len(new_ids) > self.chunked_above
+        chunk = self.prefill_chunk if chunked else len(new_ids)
+        for at in range(0, len(new_ids), chunk):
+            piece = new_ids[at : at + chunk]
+            positions = torch.arange(reused + at, reused + at + len(piece), device=self.device).unsqueeze(0)
+            out = self.model(input_ids=torch.tensor([piece], device=self.device), position_ids=positions, cache=cache,
+                             use_cache=True, logits_to_keep=1)
+            cache = out.cache if hasattr(out, "cache") else out.past_key_values
         kv = [(layer.keys, layer.values) for layer in cache.layers]
         seq = _Sequence(request=request, fed=request.prompt_ids + request.forced_ids, cached_tokens=reused,
                         store_key=store_key, kv=kv, generated=list(request.forced_ids))
+        if all(layer.kbuf is not None for layer in cache.layers):
+            seq.buffers = [(layer.kbuf, layer.vbuf) for layer in cache.layers]
         if request.temperature > 0:
             seed = zlib.crc32(f"{request.seed}:{request.session}:{len(request.prompt_ids)}".encode())
             seq.generator = torch.Generator().manual_seed(seed)
