@@ -13,16 +13,20 @@
   run` does and runs one episode, and of one that runs 4 concurrent episodes (an eval at
   concurrency 4), each episode's context growing to --memory-context tokens (the agent's
   default budget for embedded models). Resident memory counts what torch and every library
-  hold, which tracemalloc cannot see.
+  hold, which tracemalloc cannot see;
+- run (only when asked for: minutes): peak resident memory of `toolself run` on the demo's
+  question and documents with the settings the issue measured (4 stages of 6 steps, 60k
+  tokens), and a digest of its replies' tokens, to compare two versions' replies.
 
 Usage: python benchmarks/embedded.py [--fresh-cache] [--threads N] [--steps N] [--dtype D] [--cache-dtype D]
-                                    [--no-jump-forward] [--parts reuse,throughput,memory]
+                                    [--no-jump-forward] [--parts reuse,throughput,memory,run]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import inspect
 import json
 import os
@@ -247,6 +251,33 @@ def bench_memory(episodes: int, args) -> dict:
     return json.loads(done.stdout)
 
 
+def bench_run() -> dict:
+    """The demo's `toolself run` in a child process: its peak resident memory (the kernel's
+    count for that child, as `/usr/bin/time -v` reports it), and its replies' token ids."""
+    from toolself.cli import DEMO_QUESTION, demo_docs
+    from toolself.trajectory import read_jsonl
+
+    with tempfile.TemporaryDirectory(prefix="toolself-bench-run-") as tmp:
+        out = os.path.join(tmp, "t.jsonl")
+        command = [sys.executable, "-m", "toolself", "run", DEMO_QUESTION, "--docs", str(demo_docs()),
+                   "--tools", "search,visit", "--max-stages", "4", "--max-steps", "6", "--max-tokens", "60000",
+                   "--out", out]
+        start = time.perf_counter()
+        with open(os.path.join(tmp, "output.txt"), "w") as output:
+            child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+            _, status, usage = os.wait4(child.pid, 0)  # this child's own peak, not every child's
+        child.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - start
+        if child.returncode != 0:
+            raise RuntimeError(f"toolself run failed ({child.returncode}): {open(output.name).read()[-2000:]}")
+        replies = [call.completion_token_ids for t in read_jsonl(out) for stage in t.stages
+                   for conversation in (stage.config_conversation, stage.conversation) if conversation
+                   for call in conversation.calls]
+    digest = hashlib.sha256(json.dumps(replies).encode()).hexdigest()[:16]
+    return {"peak_rss_mb": usage.ru_maxrss // 1024, "wall_s": round(wall, 1), "replies": len(replies),
+            "reply_tokens": sum(len(r or []) for r in replies), "replies_sha256": digest}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fresh-cache", action="store_true", help="time the GGUF conversion into a new cache folder")
@@ -256,7 +287,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "mixed"])
     parser.add_argument("--parts", default="reuse,throughput,memory",
-                        help="comma-separated: reuse, throughput, memory")
+                        help="comma-separated: reuse, throughput, memory, run")
     parser.add_argument("--memory-context", type=int, default=3000,
                         help="context length each episode of the memory runs reaches")
     parser.add_argument("--memory-dtype", default="auto", choices=["auto", "float32", "bfloat16", "mixed"],
@@ -317,6 +348,8 @@ def main() -> None:
                              "speedup_8_vs_1": round(eight["generated_tokens_per_s"] / one["generated_tokens_per_s"], 2)}
     if "memory" in parts:
         out["memory"] = {str(n): bench_memory(n, args) for n in (1, 4)}
+    if "run" in parts:
+        out["toolself_run"] = bench_run()
     out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(out, indent=1))
 
