@@ -7,10 +7,10 @@ asyncio; here two threads own the model and serve them all:
 
 - the prefill thread computes a new request alone, on top of the longest cached prefix of its
   prompt (a KV cache kept per session and, without sessions, matched by common token prefix),
-  `PREFILL_CHUNK` new tokens a forward pass, while the decode thread keeps stepping the batch
-  (and, when requests queue up, prefills one itself between two steps); the prefilled sequence
-  joins the batch between two decode steps, and one that decodes alone does so in the buffer
-  its prefill wrote, sized for its reply;
+  a long one `PREFILL_CHUNK` new tokens a forward pass, while the decode thread keeps stepping
+  the batch (and, when requests queue up, prefills one itself between two steps); the
+  prefilled sequence joins the batch between two decode steps, and one that decodes alone does
+  so in the buffer its prefill wrote, sized for its reply;
 - the batch keeps every sequence's keys and values in one preallocated buffer, right-aligned
   (left padding masked out) and packed into the first rows, so appending a token never copies
   the cache and a sequence that finishes is replaced by moving one row; the buffer has rows
