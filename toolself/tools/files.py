@@ -164,6 +164,14 @@ def _located(path: str, ctx: ToolContext) -> tuple[Workspace, Location]:
     return ws, loc
 
 
+def _read_at_most(handle, cap: int, shown: str) -> bytes:
+    """The whole file, which its size said is at most `cap` bytes; one that grew since is refused."""
+    data = handle.read(cap + 1)
+    if len(data) > cap:
+        raise ToolError(f"{shown} grew past {cap >> 20} MB while it was read")
+    return data
+
+
 def _image(ws: Workspace, loc: Location) -> Image | None:
     """The file's bytes when its signature is an image's, else None; an image over
     `MAX_IMAGE_BYTES` is refused."""
@@ -175,10 +183,7 @@ def _image(ws: Workspace, loc: Location) -> Image | None:
             raise ToolError(f"{loc.shown} is an image of {st.st_size / 2 ** 20:.1f} MB; file_analyzer sends images "
                             f"up to {MAX_IMAGE_BYTES >> 20} MB to the vision model")
         handle.seek(0)
-        data = handle.read(MAX_IMAGE_BYTES + 1)
-    if len(data) > MAX_IMAGE_BYTES:
-        raise ToolError(f"{loc.shown} grew past {MAX_IMAGE_BYTES >> 20} MB while it was read")
-    return Image(data, mime)
+        return Image(_read_at_most(handle, MAX_IMAGE_BYTES, loc.shown), mime)
 
 
 def _pages(ws: Workspace, loc: Location, ctx: ToolContext) -> list[str]:
@@ -190,10 +195,7 @@ def _pages(ws: Workspace, loc: Location, ctx: ToolContext) -> list[str]:
                             f"{MAX_BYTES >> 20} MB")
         key = (loc.parts, st.st_size, st.st_mtime_ns)
         if key not in cache:
-            data = handle.read(MAX_BYTES + 1)
-            if len(data) > MAX_BYTES:
-                raise ToolError(f"{loc.shown} grew past {MAX_BYTES >> 20} MB while it was read")
-            cache[key] = paginate(convert_bytes(data, loc.parts[-1], ctx))
+            cache[key] = paginate(convert_bytes(_read_at_most(handle, MAX_BYTES, loc.shown), loc.parts[-1], ctx))
     return cache[key]
 
 

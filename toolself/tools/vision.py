@@ -17,13 +17,13 @@ and what would provide it.
 from __future__ import annotations
 
 import base64
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import jinja2
 
 from toolself.tools.base import ToolError
+from toolself.tools.lazy_model import LazyModel
 from toolself.tools.web.settings import WebSettings
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
@@ -73,32 +73,18 @@ class Image:
 @dataclass
 class VisionReader:
     """The run's vision model, built on first use from its settings (None: from the
-    environment at each call); not pickled, a worker builds its own."""
+    environment at each call)."""
 
     settings: WebSettings | None = None
-    _model: Any = field(default=None, repr=False)
-    _spec: str | None = field(default=None, repr=False)
-    _lock: Any = field(default_factory=threading.Lock, repr=False)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"settings": self.settings}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["settings"])
+    _model: LazyModel = field(default_factory=LazyModel, repr=False)
 
     def model(self) -> Any:
         settings = self.settings or WebSettings.from_env()
         if settings.vision_model is None:
             return None
-        with self._lock:
-            if self._model is None or self._spec != settings.vision_model:
-                from toolself.models import load_model
-
-                self._model = load_model(settings.vision_model, tool_protocol="native", temperature=0.0,
-                                         timeout=VISION_TIMEOUT_S, max_retries=settings.retry.attempts - 1,
-                                         backoff_base=settings.retry.backoff, backoff_max=settings.retry.max_delay)
-                self._spec = settings.vision_model
-            return self._model
+        return self._model.get(settings.vision_model, tool_protocol="native", temperature=0.0,
+                               timeout=VISION_TIMEOUT_S, max_retries=settings.retry.attempts - 1,
+                               backoff_base=settings.retry.backoff, backoff_max=settings.retry.max_delay)
 
     def read(self, image: Image, goal: str, source: str) -> str:
         """What the vision model finds in `image` for `goal`: its evidence and summary.

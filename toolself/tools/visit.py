@@ -25,7 +25,6 @@ from __future__ import annotations
 import difflib
 import json
 import re
-import threading
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -35,6 +34,7 @@ import jinja2
 
 from toolself.tools.base import Tool, ToolContext, ToolError
 from toolself.tools.collection import Document
+from toolself.tools.lazy_model import LazyModel
 from toolself.tools.search import task_collection
 from toolself.tools.web.cache import DiskCache
 from toolself.tools.web.settings import WebSettings
@@ -180,8 +180,7 @@ class Visit:
     settings: WebSettings | None = None
     docs: Path | None = None
     max_chars: int = GOAL_READ_CHARS
-    _summariser: Any = field(default=None, repr=False)
-    _lock: Any = field(default_factory=threading.Lock, repr=False)
+    _summariser: LazyModel = field(default_factory=LazyModel, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"settings": self.settings, "docs": self.docs, "max_chars": self.max_chars}
@@ -192,13 +191,7 @@ class Visit:
     def summariser(self, settings: WebSettings, ctx: ToolContext | None) -> Any:
         if settings.visit_model is None:
             return getattr(ctx, "model", None) if ctx is not None else None
-        with self._lock:
-            if self._summariser is None:
-                from toolself.models import load_model
-
-                self._summariser = load_model(settings.visit_model, timeout=SUMMARISER_TIMEOUT_S,
-                                              max_retries=SUMMARISER_RETRIES)
-            return self._summariser
+        return self._summariser.get(settings.visit_model, timeout=SUMMARISER_TIMEOUT_S, max_retries=SUMMARISER_RETRIES)
 
     def visit(self, locator: str, ctx: ToolContext, page: int = 1, goal: str | None = None) -> str:
         """Read a document (by the locator a search returned) or a web page, one page at a time.
