@@ -42,8 +42,9 @@ ADDRESS = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001).
 RAY_CPUS = typer.Option(1.0, min=0.01, help="Ray CPUs each attempt holds.")
 RENDER_PRESET_HELP = ("Render the data as a run preset's policy is prompted (paper: the authors' text protocol, "
                       "<think> kept); the preset's name is saved with the data.")
-TRAIN_PRESET_HELP = ("A run preset (paper): its agent settings, sampling, timeout, tool-call protocol, tools and "
-                     "scorer for the collection, and its protocol for rendering the data (saved with the data).")
+PRESET = typer.Option(None, "--preset", help="A run preset (paper): its agent settings, sampling, timeout, tool-call "
+                      "protocol, tools and scorer for the collection, and its protocol for rendering the data (saved "
+                      "with the data).")
 
 
 def _main_process() -> bool:
@@ -287,7 +288,7 @@ def rft(
     backend: str = BACKEND,
     address: Optional[str] = ADDRESS,
     ray_cpus: float = RAY_CPUS,
-    preset: Optional[str] = typer.Option(None, "--preset", help=TRAIN_PRESET_HELP),
+    preset: Optional[str] = PRESET,
     training: RFTOptions = RFTOptions(),
 ) -> None:
     """Stage I: K teacher attempts per task, keep the successful ones, fine-tune the student."""
@@ -332,7 +333,7 @@ def kto(
     backend: str = BACKEND,
     address: Optional[str] = ADDRESS,
     ray_cpus: float = RAY_CPUS,
-    preset: Optional[str] = typer.Option(None, "--preset", help=TRAIN_PRESET_HELP),
+    preset: Optional[str] = PRESET,
     training: KTOOptions = KTOOptions(),
 ) -> None:
     """Stage II: on-policy attempts labelled by outcome; every decision gets its attempt's label."""
