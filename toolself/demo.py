@@ -34,6 +34,7 @@ from rich.text import Text
 from toolself.agent import Observer
 from toolself.config import Configuration
 from toolself.evals.report import short_dataset
+from toolself.progress import call_arguments, short
 from toolself.trajectory import Stage, Step, Trajectory, write_jsonl
 
 DEMO_SUITE = "builtin:data"
@@ -42,11 +43,6 @@ CONTENDERS = (("ToolSelf, zero-shot", "embedded"), ("ToolSelf + CAT", "embedded:
 FALLBACK_TASK = "data-heldout-0-0000"  # shown zero-shot while no adapter record chooses one
 FIELDS = (("sub-goal", "subgoal"), ("strategy", "strategy"), ("toolbox", "toolbox"), ("knowledge", "knowledge"),
           ("mode", "context_mode"))
-
-
-def _short(text: Any, limit: int) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @contextmanager
@@ -118,27 +114,27 @@ class StageObserver(Observer):
         table.add_column(style="bold cyan", no_wrap=True)
         table.add_column()
         if stage.request:
-            table.add_row("reason", Text(_short(stage.request.get("reason", ""), 240), style="magenta"))
+            table.add_row("reason", Text(short(stage.request.get("reason", ""), 240), style="magenta"))
         for label, name in FIELDS:
-            value = (", ".join(c.toolbox) or "(none)") if name == "toolbox" else _short(getattr(c, name), 240)
+            value = (", ".join(c.toolbox) or "(none)") if name == "toolbox" else short(getattr(c, name), 240)
             if name == "knowledge" and c.knowledge == "summary":
-                value += f": {_short(c.knowledge_summary, 160)}"
+                value += f": {short(c.knowledge_summary, 160)}"
             cell = Text(value)
             if name in change.changed or (name == "knowledge" and "knowledge_summary" in change.changed):
                 cell.append(f"\n◀ changed ({_was(name, change)})", style="bold yellow")
             table.add_row(label, cell)
         if stage.config_source != "policy":
-            table.add_row("written by", _short(f"{stage.config_source}: {'; '.join(stage.config_problems)}", 200))
+            table.add_row("written by", short(f"{stage.config_source}: {'; '.join(stage.config_problems)}", 200))
         if self.previous is not None and not change.changed:
             table.add_row("", Text("nothing changed from the previous stage", style="dim"))
         self.previous = c
         self.console.print(Panel(table, title=f"stage {stage.index + 1}", title_align="left", border_style="cyan"))
 
     def step(self, trajectory: Trajectory, stage: Stage, step: Step) -> None:
-        args = json.dumps(step.arguments, ensure_ascii=False) if step.arguments is not None else "(unreadable)"
+        args = call_arguments(step)
         style = "red" if step.is_error else "green"
-        self.console.print(f"  {len(stage.steps)}. [bold]{escape(step.tool or '?')}[/bold] {escape(_short(args, 100))}")
-        self.console.print(f"     [{style}]→ {escape(_short(step.observation, 100))}[/{style}]")
+        self.console.print(f"  {len(stage.steps)}. [bold]{escape(step.tool or '?')}[/bold] {escape(short(args, 100))}")
+        self.console.print(f"     [{style}]→ {escape(short(step.observation, 100))}[/{style}]")
 
 
 def _was(name: str, change: Any) -> str:
@@ -146,7 +142,7 @@ def _was(name: str, change: Any) -> str:
         return " ".join([f"+{t}" for t in change.added] + [f"-{t}" for t in change.removed])
     if name not in change.previous:  # only the knowledge summary differs
         return "a new summary"
-    return f"was: {_short(change.previous[name], 80)}"
+    return f"was: {short(change.previous[name], 80)}"
 
 
 def load_contender(spec: str, task: Any) -> Any:
@@ -199,10 +195,10 @@ def attempt(label: str, spec: str, task: Any, console: Console,
 def verdict_line(a: Attempt, reference: Any) -> Text:
     t = a.trajectory
     mark = Text(" SOLVED ", style="bold white on green") if a.correct else Text(" FAILED ", style="bold white on red")
-    return Text.assemble(mark, f" answer {_short(repr(t.answer), 60)} (expected {reference!r}); ended by "
+    return Text.assemble(mark, f" answer {short(repr(t.answer), 60)} (expected {reference!r}); ended by "
                                f"{t.end_reason} after {len(t.stages)} stage(s), {t.num_reconfigurations} "
                                f"reconfiguration(s), {t.num_steps} action(s), {t.duration:.0f} s. "
-                               f"Scorer: {_short(a.verdict, 100)}\n")
+                               f"Scorer: {short(a.verdict, 100)}\n")
 
 
 def summary_table(attempts: list[Attempt]) -> Table:
@@ -212,7 +208,7 @@ def summary_table(attempts: list[Attempt]) -> Table:
     for a in attempts:
         t = a.trajectory
         table.add_row(a.label, "[green]solved[/green]" if a.correct else "[red]failed[/red]",
-                      escape(_short(repr(t.answer), 30)), str(len(t.stages)), str(t.num_reconfigurations),
+                      escape(short(repr(t.answer), 30)), str(len(t.stages)), str(t.num_reconfigurations),
                       str(t.num_steps), f"{t.duration:.0f}")
     return table
 

@@ -14,9 +14,15 @@ from toolself.agent import Observer
 from toolself.trajectory import Stage, Step, Trajectory
 
 
-def _short(text: str, limit: int = 160) -> str:
+def short(text: object, limit: int = 160) -> str:
+    """`text` on one line, cut to `limit` characters."""
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def call_arguments(step: Step) -> str:
+    """A step's arguments as the model wrote them, in JSON, for a progress line."""
+    return json.dumps(step.arguments, ensure_ascii=False) if step.arguments is not None else "(unreadable)"
 
 
 class RichObserver(Observer):
@@ -34,29 +40,29 @@ class RichObserver(Observer):
         table.add_column(style="bold cyan", no_wrap=True)
         table.add_column()
         if stage.request:
-            table.add_row("reason", _short(stage.request.get("reason", "")))
-        table.add_row("sub-goal", _short(c.subgoal, 300))
-        table.add_row("strategy", _short(c.strategy, 300))
+            table.add_row("reason", short(stage.request.get("reason", "")))
+        table.add_row("sub-goal", short(c.subgoal, 300))
+        table.add_row("strategy", short(c.strategy, 300))
         table.add_row("toolbox", ", ".join(c.toolbox) or "(none)")
-        knowledge = c.knowledge + (f": {_short(c.knowledge_summary)}" if c.knowledge == "summary" else "")
+        knowledge = c.knowledge + (f": {short(c.knowledge_summary)}" if c.knowledge == "summary" else "")
         table.add_row("knowledge", knowledge)
         table.add_row("context", c.context_mode)
         source = stage.config_source + (f" (after: {'; '.join(stage.config_problems)})" if stage.config_problems else "")
-        table.add_row("written by", _short(source, 300))
+        table.add_row("written by", short(source, 300))
         if stage.frozen:
             table.add_row("frozen", ", ".join(stage.frozen))
         self.console.print(Panel(table, title=f"stage {stage.index + 1}", title_align="left", border_style="cyan"))
 
     def step(self, trajectory: Trajectory, stage: Stage, step: Step) -> None:
-        args = json.dumps(step.arguments, ensure_ascii=False) if step.arguments is not None else "(unreadable)"
+        args = call_arguments(step)
         style = "red" if step.is_error else "green"
         at = time.time() - trajectory.started_at
-        self.console.print(f"  {len(stage.steps)}. [bold]{step.tool or '?'}[/bold] {escape(_short(args, 120))}  "
+        self.console.print(f"  {len(stage.steps)}. [bold]{step.tool or '?'}[/bold] {escape(short(args, 120))}  "
                            f"[dim]({step.duration:.1f} s, at {at:.1f} s)[/dim]")
-        self.console.print(f"    [{style}]→ {escape(_short(step.observation))}[/{style}]")
+        self.console.print(f"    [{style}]→ {escape(short(step.observation))}[/{style}]")
 
     def configuration_rejected(self, trajectory: Trajectory, problems: list[str]) -> None:
-        self.console.print(f"  [yellow]configuration rejected: {_short('; '.join(problems), 300)}[/yellow]")
+        self.console.print(f"  [yellow]configuration rejected: {short('; '.join(problems), 300)}[/yellow]")
 
     def finished(self, trajectory: Trajectory) -> None:
         u = trajectory.usage
@@ -65,4 +71,4 @@ class RichObserver(Observer):
             f"{trajectory.num_steps} step(s), {u.prompt_tokens} prompt + {u.completion_tokens} completion tokens, "
             f"{trajectory.duration:.1f} s")
         if trajectory.error:
-            self.console.print(f"[red]{_short(trajectory.error.splitlines()[-1], 400)}[/red]")
+            self.console.print(f"[red]{short(trajectory.error.splitlines()[-1], 400)}[/red]")

@@ -43,6 +43,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from toolself.agent import Agent, AgentSettings, Observer, interrupted_attempt
 from toolself.evals.records import TRAJECTORIES
 from toolself.models.base import ChatModel
+from toolself.progress import call_arguments
 from toolself.serve_wire import ChatRequest, error_body, error_response, usage_body
 from toolself.tools.base import ToolContext, ToolPool
 from toolself.trajectory import Stage, Step, Trajectory, write_jsonl
@@ -100,7 +101,7 @@ class _Progress(Observer):
                  f"  tools: {', '.join(c.toolbox) or '(none)'}; context: {c.context_mode}\n")
 
     def step(self, trajectory: Trajectory, stage: Stage, step: Step) -> None:
-        args = json.dumps(step.arguments, ensure_ascii=False) if step.arguments is not None else "(unreadable)"
+        args = call_arguments(step)
         self.say(f"  {len(stage.steps)}. {step.tool or '?'} {_short(args, 120)}\n"
                  f"    -> {_short(step.observation)}\n")
 
