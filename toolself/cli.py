@@ -87,6 +87,18 @@ def _agent_settings(spec: ModelSpec, method: str, freeze: tuple[str, ...], run_p
         _fail(str(exc))
 
 
+def _load_policy(model: str, spec: ModelSpec, run_preset, temperature: float, seed: int, dtype: str):
+    """The policy as `run` and `serve` load it: the spec's options, then the preset's (a model
+    that cannot load is the command's one error line)."""
+    from toolself.models import ModelError
+
+    try:
+        return spec.load(**{**spec.options(temperature, seed, dtype),
+                            **(run_preset.model_options(model) if run_preset else {})})
+    except (ValueError, OSError, ImportError, ModelError) as exc:
+        _fail(f"loading the model {model}: {exc}", code=1)
+
+
 def _checked_pool(tool_options: ToolOptions, run_preset):
     """The tool pool, its needs checked as for a task in words (`check_free_task`): warnings
     printed, a missing need the command's one error line."""
@@ -153,9 +165,8 @@ def run(
     pool = _checked_pool(tool_options, run_preset)
     console.print(f"loading the model {model} ...", highlight=False)
     started = time.monotonic()
+    policy = _load_policy(model, spec, run_preset, temperature, seed, dtype)
     try:
-        policy = spec.load(**{**spec.options(temperature, seed, dtype),
-                              **(run_preset.model_options(model) if run_preset else {})})
         writer = writer_spec.load() if writer_spec else None
     except (ValueError, OSError, ImportError, ModelError) as exc:
         _fail(f"loading the model {model}: {exc}", code=1)
@@ -216,7 +227,6 @@ def serve(
         curl localhost:8000/v1/chat/completions -H 'content-type: application/json' \\
           -d '{"model": "toolself:toolself", "messages": [{"role": "user", "content": "Who founded Brightwater?"}]}'
     """
-    from toolself.models import ModelError
     from toolself.serve import serve as serve_model
     from toolself.serve_agent import ServedAgent
     from toolself.variants import load_run_preset
@@ -231,11 +241,7 @@ def serve(
     tool_options = tool_options.with_cache(default_web_cache())
     pool = _checked_pool(tool_options, run_preset)
     try:
-        try:
-            policy = spec.load(**{**spec.options(0.0, 0, dtype),
-                                  **(run_preset.model_options(model) if run_preset else {})})
-        except (ValueError, OSError, ImportError, ModelError) as exc:
-            _fail(f"loading the model {model}: {exc}", code=1)
+        policy = _load_policy(model, spec, run_preset, 0.0, 0, dtype)
         agent = ServedAgent(policy, pool, settings, out, concurrency=agent_concurrency,
                             collection=tool_options.collection(), preset=preset)
         try:
