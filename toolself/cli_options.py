@@ -103,9 +103,7 @@ def preset_pool(options: ToolOptions, run_preset: Any) -> Any:
     from toolself.cli_errors import fail
 
     try:
-        pool = options.pool()
-        if run_preset is not None:
-            run_preset.adapt_pool(pool, options.web, options.docs)
+        pool = options.pool(run_preset)
     except Exception as exc:
         fail(f"building the tool pool: {exc}")
     return pool

@@ -54,9 +54,9 @@ class ToolOptions:
         """The web answers cached under `folder` unless TOOLSELF_WEB_CACHE chose a place."""
         return self if self.web.cache_dir else replace(self, web=replace(self.web, cache_dir=Path(folder)))
 
-    def pool(self):
+    def pool(self, preset: Any = None):
         """The global pool these options name, with `search`, `visit` and `file_analyzer` bound
-        to the web settings."""
+        to the web settings, and reshaped by a run preset's tool behaviour when one is given."""
         from toolself.tools.files import file_analyzer_tool
         from toolself.tools.registry import default_pool
         from toolself.tools.search import search_tool
@@ -68,6 +68,12 @@ class ToolOptions:
         for bound in (search_tool(self.web, self.docs), visit_tool(self.web, self.docs), file_analyzer_tool(self.web)):
             if bound.name in pool:
                 pool.replace(bound)
+        if preset is not None:
+            try:
+                preset.adapt_pool(pool, self.web, self.docs)
+            except BaseException:
+                pool.close()
+                raise
         return pool
 
     def to_dict(self) -> dict[str, Any]:

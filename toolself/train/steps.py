@@ -84,9 +84,8 @@ class AttemptTools:
         from toolself.tools.options import ToolOptions
 
         tools = tools if tools is not None else ToolOptions.parse()
-        pool = tools.pool()
+        pool = tools.pool(preset)
         try:
-            preset.adapt_pool(pool, tools.web, tools.docs)
             return cls(pool, preset.judge(tools.judge), preset.retarget(load_tasks))
         except BaseException:
             pool.close()
