@@ -288,6 +288,15 @@ def _attention(module, query, key, value, attention_mask, scaling=None, is_causa
     return out.transpose(1, 2).contiguous().to(query.dtype), None
 
 
+def cache_keyword(model: Any) -> str:
+    """The name under which the model's forward takes a KV cache: `cache` from transformers
+    5.2x, `past_key_values` before (an unknown keyword is swallowed by `**kwargs`, and the model
+    would then build a cache of its own instead of writing into the engine's)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def use_engine_attention(model: Any) -> None:
     """Route the model's attention through `_attention` (same masks as "sdpa")."""
     from transformers import AttentionInterface, AttentionMaskInterface
@@ -477,6 +486,7 @@ class Engine:
         self.threads = threads  # torch threads in each engine thread; 0 keeps torch's default
         self.kv_dtype = kv_dtype
         use_engine_attention(model)
+        self.cache_keyword = cache_keyword(model)
         self.stop_token_ids = set(stop_token_ids)
         self.vocab_size = vocab_size
         self.max_batch = max_batch
@@ -661,8 +671,8 @@ class Engine:
         for at in range(0, len(new_ids), chunk):
             piece = new_ids[at : at + chunk]
             positions = torch.arange(reused + at, reused + at + len(piece), device=self.device).unsqueeze(0)
-            out = self.model(input_ids=torch.tensor([piece], device=self.device), position_ids=positions, cache=cache,
-                             use_cache=True, logits_to_keep=1)
+            out = self.model(input_ids=torch.tensor([piece], device=self.device), position_ids=positions,
+                             use_cache=True, logits_to_keep=1, **{self.cache_keyword: cache})
             cache = out.cache if hasattr(out, "cache") else out.past_key_values
         kv = [(layer.keys, layer.values) for layer in cache.layers]
         seq = _Sequence(request=request, fed=request.prompt_ids + request.forced_ids, cached_tokens=reused,
@@ -692,8 +702,8 @@ class Engine:
         feeds = [s.unfed[:span] for s in rows]
         tokens = torch.tensor(feeds, device=self.device)
         positions = torch.tensor([list(range(len(s.fed), len(s.fed) + span)) for s in rows], device=self.device)
-        out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache,
-                         use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, use_cache=True,
+                         logits_to_keep=1, **{self.cache_keyword: cache})
         batch.width += span
         for s, fed in zip(rows, feeds):
             s.fed.extend(fed)
