@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup browser ray demo cat-demo embedded-cat test test-fast clean
+.PHONY: setup browser ray demo cat-demo embedded-cat gpu-kit test test-fast clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,10 @@ cat-demo: setup
 # The shipped `embedded:cat` adapter, rebuilt on the published tasks (resumable; provenance.json beside it).
 embedded-cat: setup
 	TOOLSELF_SUITE_KEY=public $(PY) scripts/build_embedded_cat.py --out runs/embedded-cat
+
+# What a lent GPU machine carries for benchmarks/gpu_session.py: the wheels its image lacks and the teacher's attempts.
+gpu-kit: setup
+	$(PY) benchmarks/gpu_kit.py --out .gpu
 
 test: setup browser ray
 	$(PY) -m pytest -q

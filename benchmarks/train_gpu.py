@@ -3,9 +3,14 @@ named shape: tokens per second, estimated MFU, peak memory, versions and the dev
 
     python benchmarks/train_gpu.py --shape qwen3-8b [--steps 20] [--tasks builtin:research,...]
     python benchmarks/train_gpu.py --shape tiny --steps 1          # on a CPU, in CI
+    python benchmarks/train_gpu.py --save-trajectories KIT/t.jsonl # the teacher's attempts, to carry
+    python benchmarks/train_gpu.py --trajectories KIT/t.jsonl ...  # elsewhere: no teacher, no weights
 
 The trajectories are the expert teacher's scored attempts at built-in tasks (real agent loop,
-real tools, real scorer; noise makes some fail), rendered with the default tokenizer; RFT and
+real tools, real scorer; noise makes some fail), rendered with the default tokenizer. A GPU
+machine without the sandbox's privileges or the default model's weights gets them as a file,
+with the tool schemas and the tokenizer beside it (`--save-trajectories` writes all three;
+benchmarks/gpu_session.py runs this script from such a kit). RFT and
 KTO run through `train_rft` / `train_kto` with the recipe's settings (`--lora-layers`, the
 frozen-layer cache, gradient checkpointing, kernels chosen for the device), as the pipeline
 calls them; decoding runs the embedded engine with 1 and 8 concurrent requests. Prints one
@@ -116,16 +121,54 @@ def reset_peak() -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def datasets(model_dir: Path, tasks: list[str], limit: int, max_length: int):
-    from transformers import AutoTokenizer
+TOKENIZER = "tokenizer"
 
+
+def teacher_attempts(tasks: list[str], limit: int) -> tuple[list[Any], dict[str, Any]]:
+    """The expert teacher's scored attempts at the first `limit` tasks of each spec, twice (with
+    and without noise), and the schemas of the tools they ran with."""
     from toolself.evals.teacher import scored_attempts
     from toolself.tools.registry import default_pool
-    from toolself.train import data as D
+    from toolself.train.data import tool_schemas
 
     pool = default_pool()
     attempts = [t for spec in tasks for t in scored_attempts(spec, limit=limit, noises=(0.0, 1.0), pool=pool)]
-    renderer = D.Renderer(AutoTokenizer.from_pretrained(str(model_dir)), D.tool_schemas(pool))
+    return attempts, tool_schemas(pool)
+
+
+def save_trajectories(path: Path, tasks: list[str], limit: int) -> dict[str, Any]:
+    """Write the teacher's attempts to `path`, the tool schemas beside it (`tools.json`) and the
+    default tokenizer into `tokenizer/` beside it: everything the training part needs."""
+    from transformers import AutoTokenizer
+
+    from toolself.models.local import default_model_dir
+    from toolself.train.collect import TOOLS_FILE
+    from toolself.trajectory import write_jsonl
+
+    attempts, schemas = teacher_attempts(tasks, limit)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_jsonl(path, attempts, append=False)
+    (path.parent / TOOLS_FILE).write_text(json.dumps(schemas, indent=1) + "\n", encoding="utf-8")
+    AutoTokenizer.from_pretrained(str(default_model_dir())).save_pretrained(str(path.parent / TOKENIZER))
+    return {"trajectories": str(path), "attempts": len(attempts),
+            "correct": sum(bool(t.metadata.get("correct")) for t in attempts), "bytes": path.stat().st_size}
+
+
+def carried_attempts(path: Path) -> tuple[list[Any], dict[str, Any]]:
+    from toolself.train.collect import load_any
+
+    attempts, schemas = load_any(path)
+    if schemas is None:
+        raise SystemExit(f"{path.parent / 'tools.json'} is missing: the tool schemas the attempts ran with")
+    return attempts, schemas
+
+
+def datasets(model_dir: Path, attempts: list[Any], schemas: dict[str, Any], max_length: int):
+    from transformers import AutoTokenizer
+
+    from toolself.train import data as D
+
+    renderer = D.Renderer(AutoTokenizer.from_pretrained(str(model_dir)), schemas)
     sft, _ = D.build_sft_dataset(attempts, renderer, max_length=max_length)
     kto, _, _ = D.build_kto_dataset(attempts, renderer, max_length=max_length)
     return sft, kto
@@ -189,9 +232,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--no-checkpointing", action="store_true", help="turn gradient checkpointing off")
     parser.add_argument("--compile-layers", choices=["auto", "on", "off"], default="auto",
                         help="torch.compile the decoder layers (auto: the trainers' default, on for CPUs)")
+    parser.add_argument("--attention", choices=["auto", "sdpa", "flex_attention", "flash_attention_2", "eager"],
+                        default="auto", help="the attention kernel (auto: the trainers' choice for the device)")
+    parser.add_argument("--padding-free", choices=["auto", "on", "off"], default="auto",
+                        help="RFT's flattened batches (auto: on with flash or flex attention)")
+    parser.add_argument("--liger", choices=["auto", "on", "off"], default="auto",
+                        help="Liger's fused kernels (auto: on a CUDA GPU when liger-kernel is installed)")
     parser.add_argument("--decode-tokens", type=int, default=64, help="tokens per decoding request (0: skip)")
+    parser.add_argument("--parts", default="rft,kto,decode", help="comma-separated: rft, kto (needs rft), decode")
+    parser.add_argument("--trajectories", type=Path, default=None,
+                        help="train on these saved attempts (tools.json and tokenizer/ beside them) instead of "
+                             "running the teacher")
+    parser.add_argument("--save-trajectories", type=Path, default=None,
+                        help="run the teacher, save its attempts here (with tools.json and tokenizer/), and stop")
+    parser.add_argument("--json", type=Path, default=None, help="also write the report to this file")
     parser.add_argument("--out", default=None, help="working folder (default: a temporary one)")
+    parser.add_argument("--models", type=Path, default=None,
+                        help="where the random models are written and reused (default: the working folder)")
     args = parser.parse_args(argv)
+    tasks = [s for s in args.tasks.split(",") if s]
+    if args.save_trajectories:
+        report = save_trajectories(args.save_trajectories, tasks, args.limit)
+        print(json.dumps(report, indent=2))
+        return report
+    parts = {p for p in args.parts.split(",") if p}
+    if parts - {"rft", "kto", "decode"} or ("kto" in parts and "rft" not in parts):
+        parser.error(f"--parts {args.parts!r}: choose from rft, kto, decode; kto trains on rft's adapter")
 
     import torch
 
@@ -201,17 +267,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from toolself.train.rft_config import RFTConfig
     from toolself.train.shapes import random_model_dir
 
+    switch = {"auto": None, "on": True, "off": False}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.out or tmp)
-        model_dir = random_model_dir(args.shape, work / f"model-{args.shape}")
+        if args.trajectories:
+            attempts, schemas = carried_attempts(args.trajectories)
+            tokenizer = args.trajectories.parent / TOKENIZER
+        else:
+            attempts, schemas = teacher_attempts(tasks, args.limit)
+            tokenizer = None
+        model_dir = random_model_dir(args.shape, (args.models or work) / f"model-{args.shape}",
+                                     tokenizer=tokenizer if tokenizer and tokenizer.is_dir() else None)
         lora_layers = min(args.lora_layers, SHAPES[args.shape][1]["num_hidden_layers"] - 1)
-        sft, kto = datasets(model_dir, [s for s in args.tasks.split(",") if s], args.limit, args.max_length)
+        sft, kto = datasets(model_dir, attempts, schemas, args.max_length)
         common = dict(max_steps=args.steps, per_device_train_batch_size=args.batch_size,
                       gradient_accumulation_steps=args.accumulation, lora_layers=lora_layers,
                       gradient_checkpointing=not args.no_checkpointing, max_length=args.max_length,
-                      disable_tqdm=True, warmup_steps=0, num_train_epochs=1000)  # steps, not epochs, end a run
-        compile_layers = {"auto": None, "on": True, "off": False}[args.compile_layers]
-        rft_config = RFTConfig(output_dir=str(work / "rft" / "checkpoints"), compile_layers=compile_layers, **common)
+                      disable_tqdm=True, warmup_steps=0, num_train_epochs=1000,  # steps, not epochs, end a run
+                      attn_implementation=None if args.attention == "auto" else args.attention,
+                      use_liger_kernel=switch[args.liger])
+        rft_config = RFTConfig(output_dir=str(work / "rft" / "checkpoints"), compile_layers=switch[args.compile_layers],
+                               padding_free=switch[args.padding_free], **common)
         kto_config = CATKTOConfig(output_dir=str(work / "kto" / "checkpoints"), **common)
         training_dtype = torch.bfloat16 if rft_config.bf16 else torch.float32
         peak = measured_peak_flops(training_dtype)
@@ -219,24 +295,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         recompute = 0 if args.no_checkpointing else 2
         per_token = 2 * n + (2 + recompute) * n_adapted
 
-        reset_peak()
-        rft = train_rft(sft, model_dir, work / "rft", rft_config)
         report = {"shape": args.shape, "parameters": n, "adapted_parameters": n_adapted, "lora_layers": lora_layers,
                   "gradient_checkpointing": not args.no_checkpointing, "flops_per_trained_token": per_token,
                   "peak_tflops_measured": round(peak / 1e12, 2), "dtype": str(training_dtype).split(".")[-1],
-                  "sequences": {"rft": len(sft), "kto": len(kto)}}
-        report["rft"] = stage_report(rft, per_token, 0.0, peak)
-        reset_peak()
-        result = train_kto(kto, work / "rft", work / "kto", kto_config)
-        kl_tokens = result.extra.get("kl_tokens", 0)
-        report["kto"] = stage_report(result, per_token + 2 * n, 4 * n * kl_tokens, peak)
-        report["kto"]["kl_tokens"] = kl_tokens
-        if args.decode_tokens:
+                  "sequences": {"rft": len(sft), "kto": len(kto)}, "versions": versions(), "device": device_info()}
+        if "rft" in parts:
+            reset_peak()
+            rft = train_rft(sft, model_dir, work / "rft", rft_config)
+            report["rft"] = stage_report(rft, per_token, 0.0, peak)
+            write_report(report, args.json)
+        if "kto" in parts:
+            reset_peak()
+            result = train_kto(kto, work / "rft", work / "kto", kto_config)
+            kl_tokens = result.extra.get("kl_tokens", 0)
+            report["kto"] = stage_report(result, per_token + 2 * n, 4 * n * kl_tokens, peak)
+            report["kto"]["kl_tokens"] = kl_tokens
+            write_report(report, args.json)
+        if "decode" in parts and args.decode_tokens:
             report["decoding"] = decoding(model_dir, args.decode_tokens)
-        report["versions"] = versions()
-        report["device"] = device_info()
+    write_report(report, args.json)
     print(json.dumps(report, indent=2))
     return report
+
+
+def write_report(report: dict[str, Any], path: Path | None) -> None:
+    """After each part, so that a run stopped at its time limit still leaves what it measured."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

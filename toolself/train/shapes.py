@@ -28,10 +28,12 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def random_model_dir(shape: str, out: str | Path, dtype: Any = None, seed: int = 0) -> Path:
-    """Write a random-initialised model of `shape`, with the default tokenizer, into `out`
-    (reused when it already holds one); it loads and trains like any model directory. It is
-    built on the GPU when there is one (an 8B model in bfloat16: ~16 GB, seconds there)."""
+def random_model_dir(shape: str, out: str | Path, dtype: Any = None, seed: int = 0,
+                     tokenizer: str | Path | None = None) -> Path:
+    """Write a random-initialised model of `shape`, with the default tokenizer (or the one in
+    the folder `tokenizer`: a machine without the default model's weights), into `out` (reused
+    when it already holds one); it loads and trains like any model directory. It is built on
+    the GPU when there is one (an 8B model in bfloat16: ~16 GB, seconds there)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -43,7 +45,7 @@ def random_model_dir(shape: str, out: str | Path, dtype: Any = None, seed: int =
     out = Path(out)
     if (out / "config.json").is_file():
         return out
-    tokenizer = AutoTokenizer.from_pretrained(str(default_model_dir()))
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or default_model_dir()))
     kind, dims = SHAPES[shape]
     config = AutoConfig.for_model(kind, vocab_size=len(tokenizer), max_position_embeddings=32768,
                                   bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,

@@ -1,0 +1,136 @@
+"""Correctness of the training path's kernels on this machine's accelerator: the loss and the LoRA
+gradients of a few trajectory sequences under each kernel choice, against a float32 padded
+SDPA reference, in the training dtype. Prints one JSON object.
+
+    python benchmarks/gpu_checks.py --trajectories KIT/trajectories.jsonl [--shape qwen3-0.6b]
+
+A bfloat16 run differs from the float32 reference by its own rounding: the padded SDPA batch in
+bfloat16 is that noise floor, and a variant passes when its error is within twice the floor
+(or 2%, whichever is larger). Variants: padding-free rows under SDPA (its block-diagonal mask)
+and under flex attention (which skips the masked blocks: CUDA only, it has no backward pass on
+a CPU), and Liger's fused layers where liger-kernel is installed (CUDA only), each with the
+setting the trainers give them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def sequences(model_dir: Path, trajectories: Path, count: int, max_length: int) -> list[dict[str, list[int]]]:
+    """`count` SFT sequences of at most `max_length` tokens, of spread-out lengths (so that
+    padding matters)."""
+    from train_gpu import carried_attempts, datasets
+
+    attempts, schemas = carried_attempts(trajectories)
+    sft, _ = datasets(model_dir, attempts, schemas, 1 << 20)
+    order = sorted((i for i in range(len(sft)) if len(sft[i]["input_ids"]) <= max_length),
+                   key=lambda i: len(sft[i]["input_ids"]))
+    if len(order) < count:
+        raise SystemExit(f"fewer than {count} sequences of at most {max_length} tokens in {trajectories}")
+    picks = [order[round(k * (len(order) - 1) / max(1, count - 1))] for k in range(count)]
+    return [{"input_ids": sft[i]["input_ids"], "labels": sft[i]["labels"]} for i in picks]
+
+
+def loss_and_gradients(model_dir: Path, examples: list[dict[str, list[int]]], dtype: Any, attention: str,
+                       padding_free: bool, liger: bool, device: str) -> tuple[float, Any]:
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from toolself.train.lora import LoraArguments
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, attn_implementation=attention).to(device)
+    if liger:
+        from transformers.integrations.liger import apply_liger_kernel
+
+        apply_liger_kernel(base, {"fused_linear_cross_entropy": False})  # as TRL's SFTTrainer sets it
+    model = get_peft_model(base, LoraArguments().peft_config(base))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:  # a fresh adapter's B is zero, which would hide the A gradients
+            torch.nn.init.normal_(p, std=0.02)
+    batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=padding_free)(examples)
+    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    loss = model(**batch, use_cache=False).loss
+    loss.backward()
+    grads = torch.cat([p.grad.float().flatten().cpu() for _, p in sorted(model.named_parameters())
+                       if p.requires_grad])
+    value = loss.item()
+    del model, base
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return value, grads
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trajectories", type=Path, required=True, help="a kit's trajectories (train_gpu.py)")
+    parser.add_argument("--shape", default=None, help="model shape (default: qwen3-0.6b on a GPU, tiny elsewhere)")
+    parser.add_argument("--sequences", type=int, default=4)
+    parser.add_argument("--max-length", type=int, default=2048)
+    parser.add_argument("--json", type=Path, default=None, help="also write the report to this file")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from toolself.train.kernels import FLEX, SDPA, liger_installed
+    from toolself.train.merge import default_dtype
+    from toolself.train.shapes import random_model_dir
+
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    shape = args.shape or ("qwen3-0.6b" if cuda else "tiny")
+    dtype = default_dtype()
+    variants = [("padded", SDPA, False, False), ("padding_free_sdpa", SDPA, True, False)]
+    skipped = {}
+    if cuda:
+        variants.append(("padding_free_flex", FLEX, True, False))
+    else:
+        skipped["padding_free_flex"] = "no CUDA GPU: flex attention has no backward pass on a CPU"
+    if cuda and liger_installed():
+        variants.append(("liger", SDPA, False, True))
+    else:
+        skipped["liger"] = "no CUDA GPU" if not cuda else "liger-kernel not installed"
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = args.trajectories.parent / "tokenizer"
+        model_dir = random_model_dir(shape, Path(tmp) / shape, tokenizer=tokenizer if tokenizer.is_dir() else None)
+        examples = sequences(model_dir, args.trajectories, args.sequences, args.max_length)
+        ref_loss, ref_grads = loss_and_gradients(model_dir, examples, torch.float32, SDPA, False, False, device)
+        results: dict[str, Any] = {}
+        for name, attention, padding_free, liger in variants:
+            try:
+                loss, grads = loss_and_gradients(model_dir, examples, dtype, attention, padding_free, liger, device)
+            except Exception as exc:  # a kernel that fails here is what this script is for
+                results[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+                continue
+            results[name] = {"loss": round(loss, 5), "loss_error": abs(loss - ref_loss) / abs(ref_loss),
+                             "gradient_error": float((grads - ref_grads).norm() / ref_grads.norm())}
+    floor = results.get("padded", {}).get("gradient_error", 0.0)
+    bound = max(2 * floor, 0.02)
+    for name, r in results.items():
+        if "error" not in r:
+            r["ok"] = r["gradient_error"] <= bound and r["loss_error"] <= max(2 * results["padded"]["loss_error"], 0.01)
+    report = {"shape": shape, "device": device, "dtype": str(dtype).split(".")[-1],
+              "lengths": [len(e["input_ids"]) for e in examples], "reference_loss": round(ref_loss, 5),
+              "bound": bound, "variants": results, "skipped": skipped,
+              "ok": all(r.get("ok", False) for r in results.values())}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()
