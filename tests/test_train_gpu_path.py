@@ -75,8 +75,33 @@ def test_flash_attention_is_chosen_where_it_runs_and_sdpa_elsewhere():
 
 def test_padding_free_follows_the_attention_kernel_unless_asked():
     assert K.choose_padding_free(None, K.FLASH)[0] is True
+    assert K.choose_padding_free(None, K.FLEX)[0] is True
     assert K.choose_padding_free(None, K.SDPA)[0] is False
     assert K.choose_padding_free(True, K.SDPA) == (True, "asked for")
+
+
+def test_flex_attention_is_refused_for_training_on_a_cpu_before_any_step(tmp_path):
+    args = SimpleNamespace(attn_implementation=K.FLEX, bf16=False, fp16=False, use_liger_kernel=None, use_cpu=True,
+                           per_device_train_batch_size=2, gradient_accumulation_steps=1)
+    shape = SimpleNamespace(hidden_size=64, intermediate_size=128, num_hidden_layers=4)
+    with pytest.raises(ValueError, match="flex_attention trains on a CUDA GPU only"):
+        K.choose_kernels(args, shape, longest=128, padding_free=None)
+
+
+@pytest.mark.slow
+def test_a_packed_row_under_flex_attention_gives_the_padded_batchs_loss(tiny, sft):
+    """Forward only: flex attention's backward runs on CUDA alone (benchmarks/gpu_session.py checks it there)."""
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    examples = [{"input_ids": e["input_ids"], "labels": e["labels"]} for e in sft]
+    losses = {}
+    for attention, padding_free in ((K.SDPA, False), (K.FLEX, True)):
+        model = AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.float32, attn_implementation=attention)
+        batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=padding_free)(examples)
+        with torch.no_grad():
+            losses[attention] = model(**batch, use_cache=False).loss
+    torch.testing.assert_close(losses[K.FLEX], losses[K.SDPA], rtol=1e-5, atol=1e-6)
 
 
 def test_liger_is_used_on_cuda_when_installed_and_refused_when_asked_for_but_missing():
@@ -177,19 +202,31 @@ def test_the_rft_adapter_has_the_files_and_fields_vllm_enable_lora_loads(tmp_pat
     assert {int(n.split(".layers.")[1].split(".")[0]) for n in names} == {2, 3}  # lora_layers=2 of 4
 
 
-def test_the_gpu_benchmark_runs_in_miniature_on_a_cpu(tmp_path, tiny):
-    command = [sys.executable, str(ROOT / "benchmarks" / "train_gpu.py"), "--shape", "tiny", "--steps", "1",
-               "--limit", "1", "--max-length", "384", "--accumulation", "1", "--decode-tokens", "8",
-               "--compile-layers", "off", "--out", str(tmp_path)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=170, cwd=ROOT)
+def test_the_gpu_session_runs_in_miniature_on_a_cpu_from_a_carried_kit(tmp_path, tiny):
+    kit, out = tmp_path / "kit", tmp_path / "out"
+    made = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_kit.py"), "--out", str(kit), "--no-wheels",
+                           "--tasks", "builtin:research?hops=2", "--limit", "2"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert made.returncode == 0, made.stderr[-3000:]
+    assert (kit / "tools.json").is_file() and (kit / "tokenizer" / "tokenizer.json").is_file()
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_session.py"), "--kit", str(kit), "--out",
+                           str(out), "--work", str(tmp_path / "work"), "--miniature",
+                           "--only", "checks,smollm2-135m,qwen3-8b-flex"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout[done.stdout.index("{\n"):])
+    runs = json.loads((out / "summary.json").read_text())["runs"]
+    assert runs["checks"]["exit"] == 0 and runs["smollm2-135m"]["exit"] == 0
+    assert runs["qwen3-8b-flex"] == {"exit": "skipped", "seconds": 0, "reason": "needs a CUDA GPU"}
+    checks = json.loads((out / "checks.json").read_text())
+    assert checks["ok"] and set(checks["variants"]) == {"padded", "padding_free_sdpa"}
+    report = json.loads((out / "smollm2-135m.json").read_text())
     for stage in ("rft", "kto"):
         assert report[stage]["tokens_per_second"] > 0 and 0 < report[stage]["mfu"] < 1
         assert report[stage]["kernels"]["attention"] == "sdpa"
     assert report["kto"]["kl_tokens"] > 0  # counted while training, not before it
     assert report["decoding"]["concurrent_8"]["generated_tokens"] == 8 * 8
     assert report["device"]["device"] == "cpu" and "torch" in report["versions"]
+    assert "smollm2-135m     rft" in done.stdout  # the table of results against the bars
 
 
 def run_recipe(env_overrides: dict[str, str], timeout: float) -> subprocess.CompletedProcess:

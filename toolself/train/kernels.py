@@ -3,9 +3,11 @@ Liger's fused layers and the micro-batch size, each chosen once, with the reason
 
 Padded batches of trajectory sequences of very different lengths spend much of a step on padding; the
 varlen flash-attention kernel computes each sequence of a flattened (padding-free) batch
-alone. Without flash-attention, a flattened batch would make SDPA attend over a block-diagonal
-mask of the whole row (quadratic in the row's length, not in each sequence's), so padding-free
-is then off unless asked for.
+alone, and PyTorch's flex attention skips the blocks of a flattened row's block-diagonal mask
+that no sequence needs (it ships with torch, so it runs where flash-attn cannot be installed;
+it compiles a kernel per shape, and has no backward pass on a CPU). SDPA would attend over the
+whole row's mask (quadratic in the row's length, not in each sequence's), so padding-free is
+off with it unless asked for.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 FLASH = "flash_attention_2"
+FLEX = "flex_attention"
 SDPA = "sdpa"
 
 
@@ -27,8 +30,9 @@ class KernelArguments:
 
     attn_implementation: str | None = field(
         default=None,
-        metadata={"help": "Attention kernel: flash_attention_2, sdpa or eager. Default (None): flash_attention_2 on "
-                          "a CUDA GPU in bf16/fp16 when flash-attn is installed, sdpa otherwise."},
+        metadata={"help": "Attention kernel: flash_attention_2, flex_attention (CUDA for training), sdpa or eager. "
+                          "Default (None): flash_attention_2 on a CUDA GPU in bf16/fp16 when flash-attn is "
+                          "installed, sdpa otherwise."},
     )
     auto_batch_size: bool = field(
         default=True,
@@ -79,6 +83,8 @@ def choose_padding_free(requested: bool | None, attention: str) -> tuple[bool, s
         return requested, "asked for"
     if attention == FLASH:
         return True, "auto: flash attention runs each packed sequence alone"
+    if attention == FLEX:
+        return True, "auto: flex attention skips the blocks between packed sequences"
     return False, f"auto: off with {attention} (a flattened batch would attend over the whole row's mask)"
 
 
@@ -136,6 +142,9 @@ def choose_kernels(args: Any, model_config: Any, longest: int, padding_free: boo
     half = bool(args.bf16 or args.fp16)
     attention, why_attention = choose_attention(getattr(args, "attn_implementation", None), on_cuda, half,
                                                 flash_attention_installed())
+    if attention == FLEX and not on_cuda:
+        raise ValueError("attn_implementation=flex_attention trains on a CUDA GPU only: PyTorch's flex attention "
+                         "has no backward pass on a CPU (use sdpa)")
     packed, why_packed = choose_padding_free(padding_free, attention)
     why_packed = why_padding_free or why_packed
     liger, why_liger = choose_liger(args.use_liger_kernel, on_cuda, liger_installed())

@@ -53,8 +53,9 @@ class RFTConfig(RFTOptions, SFTConfig, KernelArguments):
     padding_free: bool | None = field(
         default=None,
         metadata={"help": "Flatten each micro-batch into one row with position ids instead of padding it. Default "
-                          "(None): on with flash attention, whose varlen kernel computes each sequence alone; off "
-                          "with SDPA, which would attend over the whole row's block-diagonal mask."})
+                          "(None): on with flash attention, whose varlen kernel computes each sequence alone, and with "
+                          "flex attention, which skips the blocks between sequences; off with SDPA, which would "
+                          "attend over the whole row's block-diagonal mask."})
 
     def __post_init__(self) -> None:
         accelerator_defaults(self)
