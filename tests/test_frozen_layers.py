@@ -191,7 +191,11 @@ def test_under_gradient_checkpointing_the_cache_trains_exactly_as_the_plain_mode
     batch = padded_pair()
     reference = padded_loss_and_grads(tiny_adapted(), *batch)
     model = tiny_adapted()
-    model.get_base_model().activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+    base = model.get_base_model()
+    if hasattr(base, "activation_checkpointing_enable"):
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+    else:  # transformers before 5.24
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
     model.enable_input_require_grads()  # as TRL does for PEFT with gradient checkpointing
     if whole_call:
         checkpoint_whole_layer_calls(model)

@@ -15,7 +15,7 @@ from toolself.cli import app
 from toolself.models.scripted import ScriptedModel
 from toolself.models.spec import SMALL_MODEL, ModelSpec
 from toolself.train.pipeline import STEPS, CATSettings, PipelineMismatch, State, agent_overrides, run_cat
-from toolself.train.settings import AgentOverrides, KTOOverrides, RFTOverrides
+from toolself.train.settings import AgentOverrides, KTOOverrides, RFTOverrides, installed_spelling
 from toolself.train.steps import agent_budgets
 from toolself.train.study import StudySettings, demo_preset
 from toolself.trajectory import write_jsonl
@@ -39,11 +39,16 @@ SAVED_BEFORE = {
 }
 
 
+def installed(saved: dict) -> dict:
+    """`saved` as this transformers spells it (the same, from 5.24 on)."""
+    return {**saved, "kto": installed_spelling(saved["kto"], KTOOverrides().config_fields())}
+
+
 def test_settings_saved_as_dicts_read_back_as_records_and_compare_equal():
     settings = CATSettings(**json.loads(json.dumps(SAVED_BEFORE)))
     assert isinstance(settings.agent, AgentOverrides) and settings.agent.max_stages == 3
     assert isinstance(settings.rft, RFTOverrides) and settings.rft.learning_rate == 1e-3
-    assert settings.to_dict() == SAVED_BEFORE
+    assert settings.to_dict() == installed(SAVED_BEFORE)
 
 
 def test_a_run_folder_saved_before_the_records_resumes(tmp_path):
@@ -57,10 +62,33 @@ def test_a_run_folder_saved_before_the_records_resumes(tmp_path):
     assert results == {step: {"from": "before"} for step in STEPS}
 
 
+@pytest.mark.parametrize("fields, given, installed", [
+    ({"activation_checkpointing", "gradient_checkpointing"}, "gradient_checkpointing", "activation_checkpointing"),
+    ({"activation_checkpointing", "gradient_checkpointing"}, "activation_checkpointing", "activation_checkpointing"),
+    ({"gradient_checkpointing"}, "activation_checkpointing", "gradient_checkpointing"),  # transformers before 5.24
+    ({"gradient_checkpointing_kwargs"}, "activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"),
+], ids=["old-name-on-5.24+", "new-name-on-5.24+", "new-name-before-5.24", "kwargs-before-5.24"])
+def test_a_renamed_trainer_field_is_taken_under_either_name_and_kept_under_the_installed_one(fields, given,
+                                                                                             installed):
+    assert installed_spelling({given: False, "beta": 0.1}, fields | {"beta"}) == {installed: False, "beta": 0.1}
+
+
+def test_a_run_folder_written_under_the_other_spelling_of_a_renamed_field_resumes(tmp_path):
+    state = State(tmp_path)
+    kto = dict(SAVED_BEFORE["kto"])
+    kto["gradient_checkpointing"] = kto.pop("activation_checkpointing")  # as transformers before 5.24 records it
+    state.data["settings"] = {**SAVED_BEFORE, "kto": kto}
+    for step in STEPS:
+        state.finish(step, {"from": "before"}, 1.0)
+    lines: list[str] = []
+    run_cat(demo_preset().pipeline("toolself", 0), tmp_path, echo=lines.append)
+    assert lines == [f"[{step}] done earlier, skipped" for step in STEPS]
+
+
 def test_the_study_records_its_recipe_as_it_did_before():
     saved = {"train_tasks": ["builtin:research"], "eval_tasks": ["builtin:mixed"], "seeds": [0], "methods": ["toolself"],
              "cat": {k: SAVED_BEFORE[k] for k in ("teacher_samples", "agent", "rft", "kto", "timeout")}}
-    assert StudySettings(**saved).to_dict() == saved
+    assert StudySettings(**saved).to_dict() == {**saved, "cat": installed(saved["cat"])}
 
 
 def test_a_record_holds_only_what_was_set():

@@ -141,6 +141,16 @@ class EmptyData(ValueError):
     """A data step produced nothing to train on; the step is left unfinished."""
 
 
+def reread(record: Callable[..., Any], saved: dict[str, Any]) -> dict[str, Any] | None:
+    """Saved settings as this installation records them (a TrainingArguments field that
+    transformers renamed comes back under the installed name: see `settings.installed_spelling`),
+    or None when they no longer read."""
+    try:
+        return record(**saved).to_dict()
+    except (TypeError, ValueError):
+        return None
+
+
 class State:
     def __init__(self, out: Path):
         self.path = out / STATE_FILE
@@ -210,7 +220,8 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
     out = Path(out)
     state = State(out)
     wanted = settings.to_dict()
-    if state.data["settings"] is not None and state.data["settings"] != wanted and not force:
+    saved = state.data["settings"]
+    if saved is not None and saved != wanted and reread(CATSettings, saved) != wanted and not force:
         raise PipelineMismatch(f"{out} holds a CAT run with other settings; use another folder or force")
     state.data["settings"] = wanted
     state.save()

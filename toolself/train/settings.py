@@ -132,6 +132,23 @@ class AgentOverrides(Overrides):
 SET_BY_THE_RUN = ("output_dir", "max_length", "seed")
 """Trainer fields every training command sets itself (from its folder, `--max-length`, `--seed`)."""
 
+RENAMED = (("activation_checkpointing", "gradient_checkpointing"),
+           ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"))
+"""(new, old) names of TrainingArguments fields: transformers 5.24 renamed them (the old names stay
+there as deprecated aliases); before it, the new names are unknown."""
+
+
+def installed_spelling(options: Mapping[str, Any], fields: set[str]) -> dict[str, Any]:
+    """`options` with each renamed field under the installed configuration's own name (the new
+    one where it exists), so that a recipe or a run folder written under one transformers trains
+    and resumes under the other."""
+    out = dict(options)
+    for new, old in RENAMED:
+        given, wanted = (old, new) if new in fields else (new, old)
+        if given in out and wanted in fields and wanted not in out:
+            out[wanted] = out.pop(given)
+    return out
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainerOverrides(Overrides):
@@ -155,7 +172,10 @@ class TrainerOverrides(Overrides):
         if reserved:
             raise ValueError(f"{reserved} {'is' if len(reserved) == 1 else 'are'} set by the run itself "
                              f"(its folder, --max-length, --seed), not as {self.what}s")
-        unknown = sorted(set(self.extra) - self.config_fields()) if self.extra else []
+        fields = self.config_fields() if self.extra else set()
+        if fields:
+            object.__setattr__(self, "extra", installed_spelling(self.extra, fields))
+        unknown = sorted(set(self.extra) - fields)
         if unknown:
             raise ValueError(f"unknown {self.what}{'s' if len(unknown) > 1 else ''} {unknown}: not "
                              f"{'fields' if len(unknown) > 1 else 'a field'} of the stage's training configuration "

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from toolself.train.pipeline import (STEPS, CATSettings, PipelineMismatch, State, evaluate, isolated, run_cat,
-                                     student_spec)
+from toolself.train.pipeline import (STEPS, CATSettings, PipelineMismatch, State, evaluate, isolated, reread,
+                                     run_cat, student_spec)
 from toolself.train.settings import UNSET, AgentOverrides, KTOOverrides, Overrides, RFTOverrides, overriding
 
 STUDY_FILE = "study.json"
@@ -112,8 +112,9 @@ def claim(out: Path, settings: StudySettings, force: bool = False) -> None:
     path = out / STUDY_FILE
     wanted = settings.to_dict()
     if path.is_file() and not force:
-        held = {k: v for k, v in json.loads(path.read_text(encoding="utf-8")).items() if k != "seeds"}
-        if held != {k: v for k, v in wanted.items() if k != "seeds"}:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        held = [{k: v for k, v in d.items() if k != "seeds"} for d in (saved, reread(StudySettings, saved) or {})]
+        if {k: v for k, v in wanted.items() if k != "seeds"} not in held:
             raise PipelineMismatch(f"{out} holds a CAT study with other settings; use another folder or force")
     path.write_text(json.dumps(wanted, indent=2) + "\n", encoding="utf-8")
 
