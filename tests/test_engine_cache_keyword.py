@@ -29,13 +29,13 @@ def tiny(tmp_path_factory):
 
 def with_old_signature(model):
     """The model as transformers before 5.2x calls it: the cache arrives as `past_key_values`."""
-    forward = model.forward
+    forward, name = model.forward, cache_keyword(model)
 
     def old_forward(input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None,
                     logits_to_keep=0, **kwargs):
         assert "cache" not in kwargs, "an unknown keyword: this transformers would drop the engine's cache"
         return forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       cache=past_key_values, use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
+                       use_cache=use_cache, logits_to_keep=logits_to_keep, **{name: past_key_values}, **kwargs)
 
     model.forward = old_forward
     return forward
