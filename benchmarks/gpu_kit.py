@@ -25,6 +25,8 @@ BENCHMARKS = Path(__file__).resolve().parent
 # Imported by toolself's training, data and engine, absent from the GPU image.
 MISSING = ["trl", "datasets", "dill", "multiprocess", "pydantic", "pydantic-core", "annotated-types",
            "typing-inspection", "xgrammar", "apache-tvm-ffi"]
+# There, but perhaps older than what the carried ones need (pydantic: typing-extensions >= 4.16).
+NEWER = ["typing-extensions"]
 EXTRA = {"liger-kernel": "0.8.5"}  # optional here, measured there
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64"]
@@ -34,7 +36,8 @@ CARRY_LIMIT = 64 << 20
 def pins() -> list[str]:
     """`name==version` for every wheel to carry: the versions installed here."""
     try:
-        return [f"{name}=={md.version(name)}" for name in MISSING] + [f"{n}=={v}" for n, v in EXTRA.items()]
+        return ([f"{name}=={md.version(name)}" for name in MISSING + NEWER]
+                + [f"{n}=={v}" for n, v in EXTRA.items()])
     except md.PackageNotFoundError as exc:
         raise SystemExit(f"{exc.name} is not installed here: run `make setup` first") from exc
 

@@ -89,6 +89,28 @@ def run_one(run: Run, kit: Path, out: Path, work: Path, limit: float, miniature:
     return {"exit": code, "seconds": seconds, "report": report}
 
 
+REQUIRED = ["torch", "transformers", "peft", "accelerate", "trl", "datasets", "pydantic", "xgrammar"]
+OPTIONAL = ["liger_kernel", "flash_attn", "pyarrow", "typing_extensions"]
+
+
+def preflight() -> tuple[dict[str, str], list[str]]:
+    """The version of every package the runs import, and the required ones that do not import
+    (so that a machine missing one says so in seconds, not after its budget)."""
+    import importlib
+    import importlib.metadata as md
+
+    versions, broken = {}, []
+    for name in REQUIRED + OPTIONAL:
+        try:
+            importlib.import_module(name)
+            versions[name] = md.version(name.replace("_", "-"))
+        except Exception as exc:  # an import that fails for any reason is what this reports
+            versions[name] = f"not importable: {type(exc).__name__}: {exc}"[:200]
+            if name in REQUIRED:
+                broken.append(name)
+    return versions, broken
+
+
 def table(results: dict[str, dict[str, Any]]) -> list[str]:
     """One line per run and stage, with the bar where the issue set one."""
     lines = [f"{'run':<16} {'part':<8} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9}  bar"]
@@ -139,6 +161,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"{args.kit} holds no trajectories.jsonl: run `make gpu-kit` first")
     cuda = torch.cuda.is_available()
     args.out.mkdir(parents=True, exist_ok=True)
+    versions, broken = preflight()
+    print(json.dumps(versions, indent=1), flush=True)
+    if broken:
+        (args.out / "summary.json").write_text(json.dumps({"versions": versions, "broken": broken}, indent=2) + "\n")
+        raise SystemExit(f"cannot import {', '.join(broken)}: install the kit's wheels (see this script's help)")
     wanted = set(args.only.split(",")) if args.only else None
     deadline = time.monotonic() + args.budget
     results: dict[str, dict[str, Any]] = {}
@@ -154,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             else:
                 results[run.name] = run_one(run, args.kit, args.out, args.work, min(run.limit, left), args.miniature,
                                             log)
-    summary = {"gpu": torch.cuda.get_device_name(0) if cuda else None, "torch": torch.__version__,
+    summary = {"gpu": torch.cuda.get_device_name(0) if cuda else None, "versions": versions,
                "budget": args.budget, "runs": {k: {"exit": v["exit"], "seconds": v["seconds"],
                                                                  **({"reason": v["reason"]} if "reason" in v else {})}
                                                              for k, v in results.items()}}
