@@ -45,7 +45,7 @@ class Run:
 # 12 layers, the frozen-layer cache under checkpointing: the first GPU run's crash).
 RUNS = [
     Run("checks", "gpu_checks.py", [], 90),
-    Run("smollm2-135m", "train_gpu.py", ["--shape", "smollm2-135m", "--steps", "20", "--liger", "off"], 100),
+    Run("smollm2-135m", "train_gpu.py", ["--shape", "smollm2-135m", "--steps", "40", "--liger", "off"], 100),
     Run("qwen3-8b", "train_gpu.py", ["--shape", "qwen3-8b", "--steps", "10", "--lora-layers", "0", "--liger", "off"],
         300),
     Run("qwen3-8b-flex", "train_gpu.py", ["--shape", "qwen3-8b", "--steps", "10", "--lora-layers", "0", "--liger",
