@@ -137,8 +137,9 @@ def table(results: dict[str, dict[str, Any]]) -> list[str]:
             speedup = decoding.get("speedup_8_over_1") or 0
             met = "met" if speedup >= DECODE_SPEEDUP_BAR else "MISSED"
             bar = f"{met} (>= {DECODE_SPEEDUP_BAR}x on a GPU)" if report["device"]["device"] == "cuda" else ""
+            same = "same reply batched" if decoding.get("batched_reply_matches_alone") else "reply differs batched"
             lines.append(f"{name:<16} {'decode':<8} {decoding['concurrent_1']['tokens_per_second']:>10,.0f} "
-                         f"x{speedup} at 8  {bar}")
+                         f"x{speedup} at 8, {same}  {bar}")
         if result["exit"] != 0:
             lines.append(f"{name:<16} exit {result['exit']} after {result['seconds']} s (see session.log)")
     return lines

@@ -184,7 +184,9 @@ def stage_report(result, flops_per_token: float, extra_flops: float, peak: float
 
 
 def decoding(model_dir: Path, max_tokens: int) -> dict[str, Any]:
-    """Generated tokens per second of the embedded engine, one request alone and eight at once."""
+    """Generated tokens per second of the embedded engine, one request alone and eight at once
+    (after a warm-up request, so that the first kernel launches count in neither), and whether
+    the first request's greedy reply is the same in the batch as alone."""
     from concurrent.futures import ThreadPoolExecutor
 
     from toolself.models.base import Message
@@ -192,8 +194,10 @@ def decoding(model_dir: Path, max_tokens: int) -> dict[str, Any]:
 
     model = EmbeddedModel.load(str(model_dir), dtype="float32" if not _cuda() else "bfloat16",
                                max_tokens=max_tokens, max_batch=8)
-    out = {}
+    out: dict[str, Any] = {}
+    ids = {}
     try:
+        model.complete([Message(role="user", content="Warm-up.")], session=None)
         for concurrent in (1, 8):
             messages = [[Message(role="user", content=f"Question {i}: what happened in {1900 + i}?")]
                         for i in range(concurrent)]
@@ -202,12 +206,14 @@ def decoding(model_dir: Path, max_tokens: int) -> dict[str, Any]:
                 replies = list(pool.map(lambda m: model.complete(m, session=None), messages))
             seconds = time.perf_counter() - start
             generated = sum(r.usage.completion_tokens for r in replies)
+            ids[concurrent] = replies[0].completion_token_ids
             out[f"concurrent_{concurrent}"] = {"generated_tokens": generated, "seconds": round(seconds, 3),
                                                "tokens_per_second": round(generated / seconds, 1)}
     finally:
         model.close()
     one, eight = out["concurrent_1"]["tokens_per_second"], out["concurrent_8"]["tokens_per_second"]
     out["speedup_8_over_1"] = round(eight / one, 2) if one else None
+    out["batched_reply_matches_alone"] = ids[1] == ids[8]
     return out
 
 
