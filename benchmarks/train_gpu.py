@@ -10,11 +10,10 @@ The trajectories are the expert teacher's scored attempts at built-in tasks (rea
 real tools, real scorer; noise makes some fail), rendered with the default tokenizer. A GPU
 machine without the sandbox's privileges or the default model's weights gets them as a file,
 with the tool schemas and the tokenizer beside it (`--save-trajectories` writes all three;
-benchmarks/gpu_session.py runs this script from such a kit). RFT and
-KTO run through `train_rft` / `train_kto` with the recipe's settings (`--lora-layers`, the
-frozen-layer cache, gradient checkpointing, kernels chosen for the device), as the pipeline
-calls them; decoding runs the embedded engine with 1 and 8 concurrent requests. Prints one
-JSON object.
+benchmarks/gpu_session.py runs this script from such a kit). RFT and KTO run through
+`train_rft` / `train_kto` with the recipe's settings (`--lora-layers`, the frozen-layer cache,
+gradient checkpointing, kernels chosen for the device), as the pipeline calls them; decoding
+runs the embedded engine with 1 and 8 concurrent requests. Prints one JSON object.
 
 MFU = achieved FLOP/s / the device's peak, measured here as the rate of a large matrix product
 in the training dtype (so a GPU's number is against what its tensor cores deliver, not the
