@@ -179,7 +179,8 @@ def stage_report(result, flops_per_token: float, extra_flops: float, peak: float
     return {"tokens": result.tokens, "seconds": result.seconds, "tokens_per_second": result.tokens_per_second,
             "steps": result.steps, "loss": result.train_loss, "tflops_per_second": round(flops / seconds / 1e12, 3),
             "mfu": round(flops / seconds / peak, 4), "peak_memory_gib": peak_memory_gib(),
-            "kernels": result.extra.get("kernels"), "frozen_layer_cache": result.extra.get("frozen_layer_cache")}
+            "kernels": result.extra.get("kernels"), "frozen_layer_cache": result.extra.get("frozen_layer_cache"),
+            "padding_efficiency": result.extra.get("padding_efficiency")}
 
 
 def decoding(model_dir: Path, max_tokens: int) -> dict[str, Any]:

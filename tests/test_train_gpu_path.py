@@ -80,6 +80,35 @@ def test_padding_free_follows_the_attention_kernel_unless_asked():
     assert K.choose_padding_free(True, K.SDPA) == (True, "asked for")
 
 
+def test_length_grouping_is_on_for_padded_micro_batches_of_several_sequences_only():
+    assert K.choose_length_grouping(None, padding_free=False, batch=8)[0] is True
+    assert K.choose_length_grouping(None, padding_free=True, batch=8) == (
+        False, "auto: padding-free batches hold no padding")
+    assert K.choose_length_grouping(None, padding_free=False, batch=1)[0] is False  # the CPU study's recipe
+    assert K.choose_length_grouping(None, padding_free=False, batch=8, strategy="sequential")[0] is False
+    assert K.choose_length_grouping(True, padding_free=True, batch=1) == (True, "asked for")
+
+
+def test_length_grouped_rft_pads_a_mix_of_short_and_long_sequences_far_less(tmp_path, tiny):
+    from datasets import Dataset
+
+    from toolself.train.rft import train_rft
+
+    # Half short, half long: a random pair is mixed half the time (77% sequence here); pairs of
+    # neighbours in length are nearly all alike. transformers sorts within groups of
+    # min(50, n / (4 x batch)) micro-batches: 8 here.
+    lengths = [n for i in range(32) for n in (20 + i, 100 + i)]
+    dataset = Dataset.from_list([{"input_ids": [5 + i % 50] * n, "labels": [5 + i % 50] * n}
+                                 for i, n in enumerate(lengths)])
+    runs = {grouped: train_rft(dataset, tiny, tmp_path / f"rft-{grouped}",
+                               rft_config(tmp_path / f"ck-{grouped}", max_steps=32, num_train_epochs=1,
+                                          length_grouped=grouped, gradient_checkpointing=False))
+            for grouped in (True, False)}
+    assert runs[True].extra["kernels"]["length_grouped"] and not runs[False].extra["kernels"]["length_grouped"]
+    assert runs[True].tokens == runs[False].tokens == sum(lengths)  # one epoch each
+    assert runs[True].extra["padding_efficiency"] > 0.95 > 0.9 > runs[False].extra["padding_efficiency"]
+
+
 def test_flex_attention_is_refused_for_training_on_a_cpu_before_any_step(tmp_path):
     args = SimpleNamespace(attn_implementation=K.FLEX, bf16=False, fp16=False, use_liger_kernel=None, use_cpu=True,
                            per_device_train_batch_size=2, gradient_accumulation_steps=1)
@@ -227,6 +256,12 @@ def test_the_gpu_session_runs_in_miniature_on_a_cpu_from_a_carried_kit(tmp_path,
     assert report["decoding"]["concurrent_8"]["generated_tokens"] == 8 * 8
     assert report["device"]["device"] == "cpu" and "torch" in report["versions"]
     assert "smollm2-135m     rft" in done.stdout  # the table of results against the bars
+    padding = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "padding.py"), "--trajectories",
+                              str(kit / "trajectories.jsonl"), "--batches", "2", "--seeds", "2"],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert padding.returncode == 0, padding.stderr[-3000:]
+    fractions = json.loads(padding.stdout[padding.stdout.index("{\n"):])["batches"]["2"]
+    assert 0 < fractions["random"] <= 1 and 0 < fractions["length_grouped"] <= 1  # a few sequences: no ordering
 
 
 def run_recipe(env_overrides: dict[str, str], timeout: float) -> subprocess.CompletedProcess:

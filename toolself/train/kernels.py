@@ -51,6 +51,7 @@ class KernelChoice:
     liger: bool
     batch_size: int
     accumulation: int
+    length_grouped: bool
     why: dict[str, str]
 
     def to_dict(self) -> dict[str, Any]:
@@ -99,6 +100,21 @@ def choose_liger(requested: bool | None, on_cuda: bool, installed: bool) -> tupl
     return False, "auto: no CUDA GPU" if not on_cuda else "auto: liger-kernel not installed"
 
 
+def choose_length_grouping(requested: bool | None, padding_free: bool, batch: int,
+                           strategy: str = "random") -> tuple[bool, str]:
+    """Micro-batches of similar lengths where a batch is padded: trajectory sequences differ
+    widely in length, and a random batch of 8 of them is about a third padding."""
+    if requested is not None:
+        return requested, "asked for"
+    if strategy != "random":
+        return False, f"auto: train_sampling_strategy={strategy} asked for"
+    if padding_free:
+        return False, "auto: padding-free batches hold no padding"
+    if batch < 2:
+        return False, "auto: a micro-batch of one sequence holds no padding"
+    return True, "auto: padded micro-batches of more than one sequence"
+
+
 def activation_bytes_per_token(config: Any, checkpointing: bool, dtype_bytes: int = 2) -> int:
     """An upper estimate of the activation memory one trained token needs at the step's peak.
 
@@ -133,7 +149,8 @@ def choose_batch(batch: int, accumulation: int, longest: int, free_bytes: int | 
 
 
 def choose_kernels(args: Any, model_config: Any, longest: int, padding_free: bool | None,
-                   min_batch: int = 1, why_padding_free: str | None = None) -> KernelChoice:
+                   min_batch: int = 1, why_padding_free: str | None = None, length_grouped: bool | None = None,
+                   why_length_grouped: str | None = None) -> KernelChoice:
     """Decide every choice for a run with training arguments `args` (an RFT or KTO config) on
     a model with `model_config`, whose longest sequence has `longest` tokens."""
     import torch
@@ -155,17 +172,23 @@ def choose_kernels(args: Any, model_config: Any, longest: int, padding_free: boo
     batch, steps, why_batch = choose_batch(args.per_device_train_batch_size, args.gradient_accumulation_steps,
                                            longest, free, activation_bytes_per_token(model_config, checkpointing),
                                            minimum=min_batch)
-    return KernelChoice(attention, packed, liger, batch, steps,
+    grouped, why_grouped = choose_length_grouping(length_grouped, packed, batch,
+                                                  getattr(args, "train_sampling_strategy", "random"))
+    return KernelChoice(attention, packed, liger, batch, steps, grouped,
                         {"attention": why_attention, "padding_free": why_packed, "liger": why_liger,
-                         "batch_size": why_batch})
+                         "batch_size": why_batch, "length_grouped": why_length_grouped or why_grouped})
 
 
 def use_kernels(model: Any, args: Any, longest: int, padding_free: bool | None = None,
-                min_batch: int = 1, why_padding_free: str | None = None) -> KernelChoice:
+                min_batch: int = 1, why_padding_free: str | None = None, length_grouped: bool | None = None,
+                why_length_grouped: str | None = None) -> KernelChoice:
     """Choose, then set the choices on `model` and on `args` before the trainer is built, and log
     them. TRL's own padding-free flag is cleared: it refuses a custom collator, and ours (which
     counts tokens) flattens the batch itself when `choice.padding_free`."""
-    choice = choose_kernels(args, model.config, longest, padding_free, min_batch, why_padding_free)
+    choice = choose_kernels(args, model.config, longest, padding_free, min_batch, why_padding_free,
+                            length_grouped, why_length_grouped)
+    if choice.length_grouped:
+        args.train_sampling_strategy = "group_by_length"
     if getattr(model.config, "_attn_implementation", None) != choice.attention:
         model.set_attn_implementation(choice.attention)
     args.per_device_train_batch_size = choice.batch_size

@@ -73,7 +73,10 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: CAT
         if "prompt_ids" in (dataset.column_names or []) else config.max_length
     kernels = use_kernels(model, config, longest, padding_free=False,
                           min_batch=1 if config.loss_type == "apo_zero_unpaired" else 2,
-                          why_padding_free="off: TRL's KTO collator pads (it has no padding-free form)")
+                          why_padding_free="off: TRL's KTO collator pads (it has no padding-free form)",
+                          length_grouped=False,
+                          why_length_grouped="off: TRL's KTO trainer samples its decisions in order (each one's KL "
+                                             "completion is paired with it before training)")
     collator = CountingCollator(DataCollatorForUnpairedPreference(pad_token_id=tokenizer.pad_token_id,
                                                                   max_length=config.max_length))
     log = JsonlLog(log_path, collator, stage="kto",

@@ -65,7 +65,8 @@ def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTC
         base = prepare_base(model_path, out_dir)
     model, tokenizer = load_base(base)
     dataset = dataset.select_columns(["input_ids", "labels"])
-    kernels = use_kernels(model, config, max(map(len, dataset["input_ids"])), config.padding_free)
+    kernels = use_kernels(model, config, max(map(len, dataset["input_ids"])), config.padding_free,
+                          length_grouped=config.length_grouped)
     collator = CountingCollator(DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id,
                                                                 padding_free=kernels.padding_free))
     log = JsonlLog(log_path, collator, stage="rft",
@@ -110,6 +111,8 @@ def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int,
         result.extra["compiled_layers"] = why
         if collator.kl_tokens:  # counted during training: KTO's mismatched pairs
             result.extra["kl_tokens"] = collator.kl_tokens
+        elif collator.slots:  # RFT: how much of its batches was sequence, not padding
+            result.extra["padding_efficiency"] = round(collator.tokens / collator.slots, 4)
         if frozen is not None:
             result.extra["frozen_layer_cache"] = frozen.stats()
             logger.info("frozen-layer cache: %s", frozen.stats())

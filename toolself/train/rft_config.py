@@ -56,6 +56,12 @@ class RFTConfig(RFTOptions, SFTConfig, KernelArguments):
                           "(None): on with flash attention, whose varlen kernel computes each sequence alone, and with "
                           "flex attention, which skips the blocks between sequences; off with SDPA, which would "
                           "attend over the whole row's block-diagonal mask."})
+    length_grouped: bool | None = field(
+        default=None,
+        metadata={"help": "Put sequences of similar length into each micro-batch (transformers' LengthGroupedSampler: "
+                          "random groups of 50 micro-batches, sorted within), so that a padded batch pads little. "
+                          "Default (None): on for padded micro-batches of more than one sequence, unless "
+                          "train_sampling_strategy asks for another order."})
 
     def __post_init__(self) -> None:
         accelerator_defaults(self)

@@ -23,6 +23,7 @@ class CountingCollator:
     def __init__(self, inner: Any):
         self.inner = inner
         self.tokens = 0
+        self.slots = 0  # the batches' token positions, padding included (RFT's batches)
         self.kl_tokens = 0
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -31,6 +32,8 @@ class CountingCollator:
             self.tokens += int(batch["attention_mask"].sum())
         else:
             self.tokens += int(batch["input_ids"].numel())
+        if "input_ids" in batch:
+            self.slots += int(batch["input_ids"].numel())
         if "KL_attention_mask" in batch:
             self.kl_tokens += int(batch["KL_attention_mask"].sum())
         return batch

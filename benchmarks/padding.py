@@ -1,0 +1,75 @@
+"""How much of a padded RFT batch is sequence rather than padding, for random micro-batches and
+for length-grouped ones (transformers' LengthGroupedSampler, which RFT uses by default for
+padded batches of more than one sequence), on the expert teacher's trajectories. Prints JSON.
+
+    python benchmarks/padding.py [--trajectories .gpu/trajectories.jsonl] [--batches 2,4,8] [--seeds 5]
+
+A padded batch costs its longest sequence times its size in every matrix product, so on a
+device where the step's time follows the padded tokens, tokens/s moves with this fraction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def sequence_fraction(lengths: list[int], order: list[int], batch: int) -> float:
+    """Real tokens over padded positions when `order` is cut into micro-batches of `batch`."""
+    real = slots = 0
+    for start in range(0, len(order) - batch + 1, batch):
+        chunk = [lengths[i] for i in order[start : start + batch]]
+        real += sum(chunk)
+        slots += max(chunk) * batch
+    return real / slots
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trajectories", type=Path, default=None,
+                        help="a kit's trajectories (benchmarks/gpu_kit.py); default: run the teacher here")
+    parser.add_argument("--tasks", default="builtin:research,builtin:data,builtin:code")
+    parser.add_argument("--limit", type=int, default=24)
+    parser.add_argument("--max-length", type=int, default=4096)
+    parser.add_argument("--batches", default="2,4,8", help="micro-batch sizes")
+    parser.add_argument("--seeds", type=int, default=5, help="orders drawn per sampler")
+    args = parser.parse_args(argv)
+
+    import torch
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    from toolself.models.local import default_model_dir
+    from train_gpu import TOKENIZER, carried_attempts, datasets, teacher_attempts
+
+    if args.trajectories:
+        attempts, schemas = carried_attempts(args.trajectories)
+        tokenizer = args.trajectories.parent / TOKENIZER
+    else:
+        attempts, schemas = teacher_attempts([s for s in args.tasks.split(",") if s], args.limit)
+        tokenizer = default_model_dir()
+    sft, _ = datasets(tokenizer, attempts, schemas, args.max_length)
+    lengths = [len(ids) for ids in sft["input_ids"]]
+    report: dict[str, Any] = {"sequences": len(lengths), "mean_length": round(statistics.mean(lengths), 1),
+                              "max_length": max(lengths), "batches": {}}
+    for batch in (int(b) for b in args.batches.split(",")):
+        random, grouped = [], []
+        for seed in range(args.seeds):
+            order = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed)).tolist()
+            random.append(sequence_fraction(lengths, order, batch))
+            sampler = LengthGroupedSampler(batch, lengths=lengths, generator=torch.Generator().manual_seed(seed))
+            grouped.append(sequence_fraction(lengths, list(sampler), batch))
+        report["batches"][batch] = {"random": round(statistics.mean(random), 3),
+                                    "length_grouped": round(statistics.mean(grouped), 3)}
+    print(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()
