@@ -130,8 +130,10 @@ def table(results: dict[str, dict[str, Any]]) -> list[str]:
                 continue
             bar = BARS.get((shape, part))
             met = "" if bar is None else f"{'met' if stage['tokens_per_second'] >= bar else 'MISSED'} (>= {bar:,})"
+            padded = stage.get("padding_efficiency")
+            share = f", {padded:.0%} of the batches sequence" if padded else ""
             lines.append(f"{name:<16} {part:<8} {stage['tokens_per_second']:>10,.0f} {stage['mfu']:>6.1%} "
-                         f"{stage['peak_memory_gib']:>9}  {met}")
+                         f"{stage['peak_memory_gib']:>9}  {met}{share}")
         decoding = report.get("decoding")
         if decoding:
             speedup = decoding.get("speedup_8_over_1") or 0
