@@ -182,6 +182,20 @@ def test_an_image_over_the_cap_is_refused(ctx):
     assert service.requests == []
 
 
+def test_an_image_read_once_is_served_from_the_runs_web_cache_the_next_time(ctx, tmp_path):
+    (ctx.workspace / "chart.png").write_bytes(png())
+    service = FakeService([], default=Reply(200, ANSWER))
+    with service.running() as url:
+        cached = WebSettings(vision_model=f"openai:qwen-vl@{url}/v1", retry=FAST, cache_dir=tmp_path / "web")
+        first, again = (goal_file_analyzer(settings=cached)({"path": "chart.png", "goal": "Sales in 2019?"}, ctx)
+                        for _ in range(2))
+        assert len(service.requests) == 1 and again.content == first.content and not again.is_error
+        goal_file_analyzer(settings=cached)({"path": "chart.png", "goal": "Sales in 2020?"}, ctx)
+        (ctx.workspace / "chart.png").write_bytes(JPEG)  # another image under the same name
+        goal_file_analyzer(settings=cached)({"path": "chart.png", "goal": "Sales in 2019?"}, ctx)
+    assert len(service.requests) == 3  # a new goal and a new image are read anew
+
+
 def test_without_a_goal_the_image_is_described(ctx):
     (ctx.workspace / "chart.png").write_bytes(png())
     service = FakeService([], default=Reply(200, ANSWER))

@@ -11,12 +11,15 @@ the prompt `prompts/vision_extract.j2`, and its reply is read as every goal-dire
 is (`visit.evidence_of`): the evidence and a summary. Images up to `MAX_IMAGE_BYTES` (20 MB,
 the per-image limit of OpenAI's API; about 27 MB once base64-encoded) are sent; a larger one,
 and any image in a run without a vision model, is refused with an observation that says why
-and what would provide it.
+and what would provide it. Answers are kept in the run's web cache, as page reads are, keyed by
+the model, the image's hash, its name and the goal: a rerun, a resumed evaluation or the K
+attempts of a collection pay for one reading.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,8 +81,8 @@ class VisionReader:
     settings: WebSettings | None = None
     _model: LazyModel = field(default_factory=LazyModel, repr=False)
 
-    def model(self) -> Any:
-        settings = self.settings or WebSettings.from_env()
+    def model(self, settings: WebSettings | None = None) -> Any:
+        settings = settings or self.settings or WebSettings.from_env()
         if settings.vision_model is None:
             return None
         return self._model.get(settings.vision_model, tool_protocol="native", temperature=0.0,
@@ -89,9 +92,17 @@ class VisionReader:
     def read(self, image: Image, goal: str, source: str) -> str:
         """What the vision model finds in `image` for `goal`: its evidence and summary.
         Raises ToolError when there is no vision model or its server fails for good."""
-        model = self.model()
+        from toolself.tools.web.cache import DiskCache
+
+        settings = self.settings or WebSettings.from_env()
+        model = self.model(settings)
         if model is None:
             raise ToolError(NO_VISION.format(source=source, kind=image.kind))
+        cache = DiskCache(settings.cache_dir) if settings.cache_dir else None
+        key = ["vision", settings.vision_model, hashlib.sha256(image.data).hexdigest(), source, goal]
+        hit = cache.get(key) if cache is not None else None
+        if isinstance(hit, str):
+            return hit
         from toolself.models.base import Message
         from toolself.tools.visit import evidence_of
 
@@ -102,4 +113,7 @@ class VisionReader:
             raise ToolError(f"{source} is {image.kind} image; the vision model could not analyse it: {exc}") from None
         if not (reply.text or "").strip():
             raise ToolError(f"{source} is {image.kind} image; the vision model answered with nothing")
-        return evidence_of(reply.text)
+        found = evidence_of(reply.text)
+        if cache is not None:
+            cache.put(key, found)
+        return found
