@@ -45,12 +45,14 @@ def finds_the_maker() -> list[Any]:
 
 
 @contextmanager
-def agent_server(model: Any, out: Path, concurrency: int = 2, **budgets: Any) -> Iterator[tuple[str, ServedAgent]]:
+def agent_server(model: Any, out: Path, concurrency: int = 2, method: str = "toolself", freeze: tuple[str, ...] = (),
+                 config_model: Any = None, **budgets: Any) -> Iterator[tuple[str, ServedAgent]]:
     """`toolself serve` over `model`, with the agent over it and the demo documents."""
     options = ToolOptions(docs=demo_docs())
     pool = options.pool()
-    settings = settings_for("toolself", **{"max_stages": 3, "max_steps_per_stage": 4, **budgets})
-    agent = ServedAgent(model, pool, settings, out, concurrency=concurrency, collection=options.collection())
+    settings = settings_for(method, freeze, **{"max_stages": 3, "max_steps_per_stage": 4, **budgets})
+    agent = ServedAgent(model, pool, settings, out, concurrency=concurrency, collection=options.collection(),
+                        config_model=config_model)
     try:
         with serving(model, agent=agent) as url:
             yield url, agent
@@ -101,6 +103,35 @@ def test_an_agent_completion_searches_the_documents_and_answers_with_the_saved_t
     assert search.tool == "search" and not search.is_error and "Brightwater" in search.observation
     assert completion.usage.total_tokens == trajectory.usage.total_tokens > 0
     assert [a.trajectory.id for a in load_attempts([tmp_path / "served"])] == [trajectory.id]  # `toolself view` reads it
+
+
+def test_a_served_decoupled_agent_has_its_configurations_written_by_the_config_model(tmp_path):
+    writer = ScriptedModel([research_config(subgoal="name the maker")])
+    actor = ScriptedModel(finds_the_maker()[1:])
+    with agent_server(actor, tmp_path, method="decoupled", config_model=writer) as (url, _), \
+            client_for(url) as client:
+        completion = client.chat.completions.create(model="toolself:decoupled",
+                                                    messages=[{"role": "user", "content": QUESTION}])
+    assert completion.choices[0].message.content == "Brightwater Appliances"
+    [trajectory] = read_jsonl(tmp_path / "trajectories.jsonl")
+    assert len(writer.calls) == 1 and trajectory.stages[0].configuration.subgoal == "name the maker"
+
+
+def test_a_served_agent_holds_a_frozen_dimension_whatever_the_policy_writes(tmp_path):
+    with agent_server(ScriptedModel(finds_the_maker()), tmp_path, freeze=("strategy",)) as (url, _), \
+            client_for(url) as client:
+        assert [m.id for m in client.models.list()][1] == "toolself:toolself-freeze:strategy"
+        client.chat.completions.create(model="toolself:toolself-freeze:strategy",
+                                       messages=[{"role": "user", "content": QUESTION}])
+    [trajectory] = read_jsonl(tmp_path / "trajectories.jsonl")
+    assert trajectory.settings["freeze"] == ["strategy"]
+    assert trajectory.stages[0].configuration.strategy != "search the documents"  # what the policy wrote
+
+
+def test_the_serve_command_names_a_dimension_it_cannot_freeze_before_loading_a_model():
+    result = CliRunner().invoke(app, ["serve", "--freeze", "colour", "--model", "openai:x@http://127.0.0.1:9/v1"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "cannot freeze ['colour']" in text and "loading the model" not in text
 
 
 def test_a_request_naming_the_model_still_gets_the_models_own_reply(tmp_path):

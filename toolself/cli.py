@@ -99,6 +99,22 @@ def _load_policy(model: str, spec: ModelSpec, run_preset, temperature: float, se
         _fail(f"loading the model {model}: {exc}", code=1)
 
 
+def _load_writer(config_model: str | None):
+    """The model that writes configurations for `decoupled` (`--config-model`), or None."""
+    from toolself.models import ModelError
+
+    if not config_model:
+        return None
+    try:
+        return ModelSpec.parse(config_model).load()
+    except (ValueError, OSError, ImportError, ModelError) as exc:
+        _fail(f"loading the --config-model {config_model}: {exc}", code=1)
+
+
+FREEZE = typer.Option([], help="Ablation: hold a dimension fixed (subgoal, strategy, toolbox, knowledge, mode).")
+CONFIG_MODEL = typer.Option(None, help="For `decoupled`: the model that writes configurations.")
+
+
 def _checked_pool(tool_options: ToolOptions, run_preset):
     """The tool pool, its needs checked as for a task in words (`check_free_task`): warnings
     printed, a missing need the command's one error line."""
@@ -118,8 +134,8 @@ def run(
     task: str = typer.Argument(..., help="The task, in words."),
     model: str = typer.Option("embedded", "--model", "-m", help=MODEL_SPECS),
     method: str = typer.Option("toolself", help="toolself | vanilla | static:NAME | decoupled (see `toolself methods`)."),
-    freeze: list[str] = typer.Option([], help="Ablation: hold a dimension fixed (subgoal, strategy, toolbox, knowledge, mode)."),
-    config_model: Optional[str] = typer.Option(None, help="For `decoupled`: the model that writes configurations."),
+    freeze: list[str] = FREEZE,
+    config_model: Optional[str] = CONFIG_MODEL,
     workspace: Optional[Path] = typer.Option(None, help="Working folder for file tools (default: a temporary one)."),
     out: Path = typer.Option(Path("runs/trajectories.jsonl"), help="Append the trajectory to this JSONL file."),
     max_stages: int = typer.Option(6, min=1, help="Most stages in the attempt."),
@@ -140,7 +156,6 @@ def run(
     """Run one attempt at TASK, showing each stage as it happens."""
     from toolself.agent import Agent
     from toolself.interrupts import keeping_the_attempt
-    from toolself.models import ModelError
     from toolself.progress import RichObserver
     from toolself.tools.base import ToolContext
     from toolself.trajectory import write_jsonl
@@ -155,7 +170,8 @@ def run(
         timeout = timeout if timeout is not None else time_limit
     try:
         spec = ModelSpec.parse(model)
-        writer_spec = ModelSpec.parse(config_model) if config_model else None
+        if config_model:
+            ModelSpec.parse(config_model)
     except ValueError as exc:
         _fail(str(exc))
     settings = _agent_settings(spec, method, tuple(freeze), run_preset, max_stages=max_stages,
@@ -166,10 +182,7 @@ def run(
     console.print(f"loading the model {model} ...", highlight=False)
     started = time.monotonic()
     policy = _load_policy(model, spec, run_preset, temperature, seed, dtype)
-    try:
-        writer = writer_spec.load() if writer_spec else None
-    except (ValueError, OSError, ImportError, ModelError) as exc:
-        _fail(f"loading the model {model}: {exc}", code=1)
+    writer = _load_writer(config_model)
     collection = tool_options.collection()
     console.print(f"loaded in {time.monotonic() - started:.1f} s", highlight=False)
     if workspace is not None:
@@ -201,6 +214,8 @@ def serve(
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     method: str = typer.Option("toolself", help="The served agent's method, listed as toolself:METHOD "
                                                 "(see `toolself methods`)."),
+    freeze: list[str] = FREEZE,
+    config_model: Optional[str] = CONFIG_MODEL,
     preset: Optional[str] = preset_option(),
     out: Path = typer.Option(Path("runs/serve"), help="Folder whose trajectories.jsonl receives every agent "
                                                       "attempt (`toolself view` opens it)."),
@@ -233,17 +248,21 @@ def serve(
 
     try:
         spec = ModelSpec.parse(model)
+        if config_model:
+            ModelSpec.parse(config_model)
         run_preset = load_run_preset(preset) if preset else None
     except ValueError as exc:
         _fail(str(exc))
-    settings = _agent_settings(spec, method, (), run_preset, max_stages=max_stages, max_steps_per_stage=max_steps,
-                               max_total_tokens=max_tokens, time_limit=timeout, context_budget=context_budget)
+    settings = _agent_settings(spec, method, tuple(freeze), run_preset, max_stages=max_stages,
+                               max_steps_per_stage=max_steps, max_total_tokens=max_tokens, time_limit=timeout,
+                               context_budget=context_budget)
     tool_options = tool_options.with_cache(default_web_cache())
     pool = _checked_pool(tool_options, run_preset)
     try:
         policy = _load_policy(model, spec, run_preset, 0.0, 0, dtype)
         agent = ServedAgent(policy, pool, settings, out, concurrency=agent_concurrency,
-                            collection=tool_options.collection(), preset=preset)
+                            collection=tool_options.collection(), preset=preset,
+                            config_model=_load_writer(config_model))
         try:
             serve_model(policy, host=host, port=port, agent=agent)
         finally:

@@ -126,10 +126,11 @@ class ServedAgent:
 
     def __init__(self, model: ChatModel, pool: ToolPool, settings: AgentSettings, out: Path,
                  name: str | None = None, concurrency: int = 2, collection: Any = None,
-                 preset: str | None = None):
+                 preset: str | None = None, config_model: ChatModel | None = None):
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.model, self.pool, self.settings, self.collection = model, pool, settings, collection
+        self.config_model = config_model  # `decoupled`'s configuration writer
         self.name = name or f"toolself:{settings.method}"
         self.file = Path(out) / TRAJECTORIES
         self.preset = preset
@@ -204,7 +205,7 @@ class ServedAgent:
                              "shutting down")
         ctx = ToolContext.temporary(collection=self.collection, model=self.model)
         try:
-            agent = Agent(self.model, self.pool, self.settings, observer=observer)
+            agent = Agent(self.model, self.pool, self.settings, config_model=self.config_model, observer=observer)
             trajectory = agent.run(attempt.task, ctx, task_id=attempt.id, metadata={"served_as": self.name},
                                    cancel=attempt.cancel)
         except (KeyboardInterrupt, SystemExit) as exc:  # from a model: never out of a worker thread
