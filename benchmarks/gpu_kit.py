@@ -1,14 +1,14 @@
-"""What a lent GPU machine needs for benchmarks/gpu_session.py beyond its own image: the wheels
-it lacks, at the versions installed here (those the tests ran with), and the expert teacher's
-attempts with their tool schemas and tokenizer. Everything goes into one folder to carry.
+"""What a GPU machine without network needs for benchmarks/gpu_session.py beyond its own image:
+the wheels it lacks, at the versions installed here (those the tests ran with), and the expert
+teacher's attempts with their tool schemas and tokenizer, in one folder to copy there.
 
     python benchmarks/gpu_kit.py --out .gpu [--python 3.12] [--tasks ...] [--limit 24]
 
 The GPU image (torch, transformers, peft, accelerate, pandas, pyarrow, xxhash, jinja2, ...) has
 no trl, datasets, pydantic or xgrammar; the list below is what toolself's training, data and
 engine import on top of it (checked by installing these wheels alone over such an environment).
-liger-kernel is carried too, for the run that measures it. No network is needed on the GPU
-machine, and the folder stays far under the 64 MiB a call carries.
+liger-kernel comes too, for the run that measures it. No network is needed on the GPU
+machine, and the folder stays small (18 MB).
 """
 
 from __future__ import annotations
@@ -30,11 +30,10 @@ NEWER = ["typing-extensions"]
 EXTRA = {"liger-kernel": "0.8.5"}  # optional here, measured there
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64"]
-CARRY_LIMIT = 64 << 20
 
 
 def pins() -> list[str]:
-    """`name==version` for every wheel to carry: the versions installed here."""
+    """`name==version` for every wheel to bring: the versions installed here."""
     try:
         return ([f"{name}=={md.version(name)}" for name in MISSING + NEWER]
                 + [f"{n}=={v}" for n, v in EXTRA.items()])
@@ -71,12 +70,8 @@ def main(argv: list[str] | None = None) -> dict:
     subprocess.run([sys.executable, str(BENCHMARKS / "train_gpu.py"), "--save-trajectories",
                     str(args.out / "trajectories.jsonl"), "--tasks", args.tasks, "--limit", str(args.limit)],
                    check=True, stdout=subprocess.DEVNULL)
-    report = {"folder": str(args.out), "wheels": [] if args.no_wheels else requirements,
-              "bytes": size(args.out), "carry_limit": CARRY_LIMIT}
+    report = {"folder": str(args.out), "wheels": [] if args.no_wheels else requirements, "bytes": size(args.out)}
     print(json.dumps(report, indent=2))
-    if report["bytes"] > CARRY_LIMIT // 2:
-        print(f"warning: {report['bytes'] / 2**20:.1f} MiB leaves little of the 64 MiB a call carries for the "
-              f"working tree", file=sys.stderr)
     return report
 
 
