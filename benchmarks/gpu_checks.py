@@ -31,7 +31,7 @@ def sequences(model_dir: Path, trajectories: Path, count: int, max_length: int) 
     from train_gpu import carried_attempts, datasets
 
     attempts, schemas = carried_attempts(trajectories)
-    sft, _ = datasets(model_dir, attempts, schemas, 1 << 20)
+    sft, _ = datasets(model_dir, attempts, schemas, 1 << 20, kto=False)
     order = sorted((i for i in range(len(sft)) if len(sft[i]["input_ids"]) <= max_length),
                    key=lambda i: len(sft[i]["input_ids"]))
     if len(order) < count:

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         attempts, schemas = teacher_attempts([s for s in args.tasks.split(",") if s], args.limit)
         tokenizer = default_model_dir()
-    sft, _ = datasets(tokenizer, attempts, schemas, args.max_length)
+    sft, _ = datasets(tokenizer, attempts, schemas, args.max_length, kto=False)
     lengths = [len(ids) for ids in sft["input_ids"]]
     report: dict[str, Any] = {"sequences": len(lengths), "mean_length": round(statistics.mean(lengths), 1),
                               "max_length": max(lengths), "batches": {}}

@@ -162,15 +162,16 @@ def carried_attempts(path: Path) -> tuple[list[Any], dict[str, Any]]:
     return attempts, schemas
 
 
-def datasets(model_dir: Path, attempts: list[Any], schemas: dict[str, Any], max_length: int):
+def datasets(model_dir: Path, attempts: list[Any], schemas: dict[str, Any], max_length: int, kto: bool = True):
+    """(RFT dataset, KTO dataset or None when `kto` is false: rendering every decision takes
+    seconds that a run without KTO need not spend)."""
     from transformers import AutoTokenizer
 
     from toolself.train import data as D
 
     renderer = D.Renderer(AutoTokenizer.from_pretrained(str(model_dir)), schemas)
     sft, _ = D.build_sft_dataset(attempts, renderer, max_length=max_length)
-    kto, _, _ = D.build_kto_dataset(attempts, renderer, max_length=max_length)
-    return sft, kto
+    return sft, D.build_kto_dataset(attempts, renderer, max_length=max_length)[0] if kto else None
 
 
 def stage_report(result, flops_per_token: float, extra_flops: float, peak: float) -> dict[str, Any]:
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model_dir = random_model_dir(args.shape, (args.models or work) / f"model-{args.shape}",
                                      tokenizer=tokenizer if tokenizer and tokenizer.is_dir() else None)
         lora_layers = min(args.lora_layers, SHAPES[args.shape][1]["num_hidden_layers"] - 1)
-        sft, kto = datasets(model_dir, attempts, schemas, args.max_length)
+        sft, kto = datasets(model_dir, attempts, schemas, args.max_length, kto="kto" in parts)
         common = dict(max_steps=args.steps, per_device_train_batch_size=args.batch_size,
                       gradient_accumulation_steps=args.accumulation, lora_layers=lora_layers,
                       gradient_checkpointing=not args.no_checkpointing, max_length=args.max_length,
@@ -304,7 +305,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report = {"shape": args.shape, "parameters": n, "adapted_parameters": n_adapted, "lora_layers": lora_layers,
                   "gradient_checkpointing": not args.no_checkpointing, "flops_per_trained_token": per_token,
                   "peak_tflops_measured": round(peak / 1e12, 2), "dtype": str(training_dtype).split(".")[-1],
-                  "sequences": {"rft": len(sft), "kto": len(kto)}, "versions": versions(), "device": device_info()}
+                  "sequences": {"rft": len(sft), "kto": len(kto) if kto is not None else None}, "versions": versions(), "device": device_info()}
         if "rft" in parts:
             reset_peak()
             rft = train_rft(sft, model_dir, work / "rft", rft_config)
