@@ -167,15 +167,17 @@ class TrainerOverrides(Overrides):
     def _make(cls: type[T], given: dict[str, Any], rest: dict[str, Any]) -> T:
         return cls(**given, extra=rest)
 
+    def __post_init__(self) -> None:
+        if self.extra:
+            object.__setattr__(self, "extra", installed_spelling(self.extra, self.config_fields()))
+        super().__post_init__()
+
     def check(self) -> None:
         reserved = sorted(set(self.extra) & set(SET_BY_THE_RUN))
         if reserved:
             raise ValueError(f"{reserved} {'is' if len(reserved) == 1 else 'are'} set by the run itself "
                              f"(its folder, --max-length, --seed), not as {self.what}s")
-        fields = self.config_fields() if self.extra else set()
-        if fields:
-            object.__setattr__(self, "extra", installed_spelling(self.extra, fields))
-        unknown = sorted(set(self.extra) - fields)
+        unknown = sorted(set(self.extra) - self.config_fields()) if self.extra else []
         if unknown:
             raise ValueError(f"unknown {self.what}{'s' if len(unknown) > 1 else ''} {unknown}: not "
                              f"{'fields' if len(unknown) > 1 else 'a field'} of the stage's training configuration "

@@ -104,6 +104,10 @@ def run_study(settings: StudySettings, out: str | Path, *, force: bool = False,
     return write_results(out, settings)
 
 
+def _without_seeds(settings: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in settings.items() if k != "seeds"}
+
+
 def claim(out: Path, settings: StudySettings, force: bool = False) -> None:
     """Record the settings in `out`, refusing a folder that holds a study with other settings.
     Seeds may differ (the full study extends the demo's seed): each pipeline checks its own
@@ -113,8 +117,8 @@ def claim(out: Path, settings: StudySettings, force: bool = False) -> None:
     wanted = settings.to_dict()
     if path.is_file() and not force:
         saved = json.loads(path.read_text(encoding="utf-8"))
-        held = [{k: v for k, v in d.items() if k != "seeds"} for d in (saved, reread(StudySettings, saved) or {})]
-        if {k: v for k, v in wanted.items() if k != "seeds"} not in held:
+        recipe = _without_seeds(wanted)
+        if _without_seeds(saved) != recipe and _without_seeds(reread(StudySettings, saved) or {}) != recipe:
             raise PipelineMismatch(f"{out} holds a CAT study with other settings; use another folder or force")
     path.write_text(json.dumps(wanted, indent=2) + "\n", encoding="utf-8")
 
