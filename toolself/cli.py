@@ -99,16 +99,16 @@ def _load_policy(model: str, spec: ModelSpec, run_preset, temperature: float, se
         _fail(f"loading the model {model}: {exc}", code=1)
 
 
-def _load_writer(config_model: str | None):
+def _load_writer(writer: ModelSpec | None):
     """The model that writes configurations for `decoupled` (`--config-model`), or None."""
     from toolself.models import ModelError
 
-    if not config_model:
+    if writer is None:
         return None
     try:
-        return ModelSpec.parse(config_model).load()
+        return writer.load()
     except (ValueError, OSError, ImportError, ModelError) as exc:
-        _fail(f"loading the --config-model {config_model}: {exc}", code=1)
+        _fail(f"loading the --config-model {writer.text}: {exc}", code=1)
 
 
 FREEZE = typer.Option([], help="Ablation: hold a dimension fixed (subgoal, strategy, toolbox, knowledge, mode).")
@@ -170,8 +170,7 @@ def run(
         timeout = timeout if timeout is not None else time_limit
     try:
         spec = ModelSpec.parse(model)
-        if config_model:
-            ModelSpec.parse(config_model)
+        writer_spec = ModelSpec.parse(config_model) if config_model else None
     except ValueError as exc:
         _fail(str(exc))
     settings = _agent_settings(spec, method, tuple(freeze), run_preset, max_stages=max_stages,
@@ -182,7 +181,7 @@ def run(
     console.print(f"loading the model {model} ...", highlight=False)
     started = time.monotonic()
     policy = _load_policy(model, spec, run_preset, temperature, seed, dtype)
-    writer = _load_writer(config_model)
+    writer = _load_writer(writer_spec)
     collection = tool_options.collection()
     console.print(f"loaded in {time.monotonic() - started:.1f} s", highlight=False)
     if workspace is not None:
@@ -248,8 +247,7 @@ def serve(
 
     try:
         spec = ModelSpec.parse(model)
-        if config_model:
-            ModelSpec.parse(config_model)
+        writer_spec = ModelSpec.parse(config_model) if config_model else None
         run_preset = load_run_preset(preset) if preset else None
     except ValueError as exc:
         _fail(str(exc))
@@ -262,7 +260,7 @@ def serve(
         policy = _load_policy(model, spec, run_preset, 0.0, 0, dtype)
         agent = ServedAgent(policy, pool, settings, out, concurrency=agent_concurrency,
                             collection=tool_options.collection(), preset=preset,
-                            config_model=_load_writer(config_model))
+                            config_model=_load_writer(writer_spec))
         try:
             serve_model(policy, host=host, port=port, agent=agent)
         finally:
