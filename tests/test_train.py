@@ -80,11 +80,13 @@ def rft_run(tmp_path_factory, student, trajectories, renderer):
 
 
 def rft_test_config(output_dir, **overrides):
+    """In float32 on every CPU: the default, bf16 autocast where the CPU has bf16 kernels, rounds
+    differently in compiled and eager layers, and by a different amount on each CPU."""
     from toolself.train.rft_config import RFTConfig
 
     return RFTConfig(output_dir=str(output_dir), max_steps=3, per_device_train_batch_size=2,
                      gradient_accumulation_steps=1, learning_rate=3e-3, warmup_steps=0, lr_scheduler_type="constant",
-                     gradient_checkpointing=False, disable_tqdm=True, **overrides)
+                     gradient_checkpointing=False, disable_tqdm=True, bf16=False, **overrides)
 
 
 @pytest.mark.slow
@@ -159,11 +161,9 @@ def test_rft_with_compiled_layers_logs_the_losses_eager_layers_give(tmp_path, st
     eager = train_rft(train, student, tmp_path / "eager", rft_test_config(tmp_path / "ck", compile_layers=False))
     assert eager.extra["compiled_layers"] == "off"
     compiled_losses, eager_losses = logged_losses(compiled.log), logged_losses(eager.log)
-    # The first step sees the same weights, so only kernel rounding separates the two losses.
-    assert compiled_losses[0] == pytest.approx(eager_losses[0], rel=0.01)
-    # Later steps compound that rounding through updates while the loss falls ~14x, and CPUs
-    # round differently (AMX or not): measure the gap on the scale of the starting loss.
-    assert compiled_losses == pytest.approx(eager_losses, abs=0.01 * eager_losses[0])
+    # In float32 only the order of fused sums differs: 3e-5 apart after three steps on an AMD
+    # EPYC, while the loss falls ~10x. In bf16 the two were 0.3% to 2.3% apart, by CPU.
+    assert compiled_losses == pytest.approx(eager_losses, rel=1e-3)
 
 
 def test_without_a_cpp_compiler_training_stays_eager_unless_compiling_was_asked_for():
