@@ -115,6 +115,22 @@ def test_images_are_recognised_by_their_signature(head, mime):
     assert image_type(head) == mime
 
 
+@pytest.mark.parametrize("name, data", [("chart.png", png()), ("notes.txt", b"plain words, not pixels")])
+def test_a_file_is_judged_and_read_through_one_opening(ctx, monkeypatch, name, data):
+    """Opened twice, a file the model swapped in between could be judged an image and read as
+    another (or the reverse)."""
+    from toolself.tools.workspace import Workspace
+
+    (ctx.workspace / name).write_bytes(data)
+    opened = []
+    open_file = Workspace.open_file
+    monkeypatch.setattr(Workspace, "open_file", lambda ws, loc: opened.append(loc.shown) or open_file(ws, loc))
+    service = FakeService([], default=Reply(200, ANSWER))
+    with service.running() as url:
+        assert not analyse(ctx, url, path=name).is_error
+    assert opened == [name]
+
+
 def test_without_a_vision_model_the_observation_names_the_option(ctx):
     (ctx.workspace / "chart.png").write_bytes(png())
     obs = analyse(ctx, None)

@@ -172,27 +172,22 @@ def _read_at_most(handle, cap: int, shown: str) -> bytes:
     return data
 
 
-def _image(ws: Workspace, loc: Location) -> Image | None:
-    """The file's bytes when its signature is an image's, else None; an image over
-    `MAX_IMAGE_BYTES` is refused."""
+def _contents(ws: Workspace, loc: Location, ctx: ToolContext) -> Image | list[str]:
+    """The file as an image (its signature is an image's) or as its converted text in pages
+    (cached per attempt), from one opening: what is judged is what is read. An image over
+    `MAX_IMAGE_BYTES`, or another file over `MAX_BYTES`, is refused."""
     with ws.open_file(loc) as (handle, st):
         mime = image_type(handle.read(SIGNATURE_BYTES))
-        if mime is None:
-            return None
-        if st.st_size > MAX_IMAGE_BYTES:
-            raise ToolError(f"{loc.shown} is an image of {st.st_size / 2 ** 20:.1f} MB; file_analyzer sends images "
-                            f"up to {MAX_IMAGE_BYTES >> 20} MB to the vision model")
         handle.seek(0)
-        return Image(_read_at_most(handle, MAX_IMAGE_BYTES, loc.shown), mime)
-
-
-def _pages(ws: Workspace, loc: Location, ctx: ToolContext) -> list[str]:
-    """The file's converted text in pages (cached per attempt)."""
-    cache: dict = ctx.resources.setdefault("file_analyzer_pages", {})
-    with ws.open_file(loc) as (handle, st):
+        if mime is not None:
+            if st.st_size > MAX_IMAGE_BYTES:
+                raise ToolError(f"{loc.shown} is an image of {st.st_size / 2 ** 20:.1f} MB; file_analyzer sends "
+                                f"images up to {MAX_IMAGE_BYTES >> 20} MB to the vision model")
+            return Image(_read_at_most(handle, MAX_IMAGE_BYTES, loc.shown), mime)
         if st.st_size > MAX_BYTES:
             raise ToolError(f"{loc.shown} is {st.st_size >> 20} MB; file_analyzer reads files up to "
                             f"{MAX_BYTES >> 20} MB")
+        cache: dict = ctx.resources.setdefault("file_analyzer_pages", {})
         key = (loc.parts, st.st_size, st.st_mtime_ns)
         if key not in cache:
             cache[key] = paginate(convert_bytes(_read_at_most(handle, MAX_BYTES, loc.shown), loc.parts[-1], ctx))
@@ -229,12 +224,11 @@ class Files:
         if page < 1:
             raise ToolError("page starts at 1")
         ws, loc = _located(path, ctx)
-        image = _image(ws, loc)
-        if image is not None:
+        pages = _contents(ws, loc, ctx)
+        if isinstance(pages, Image):
             if page > 1:
                 raise ToolError(f"{loc.shown} is an image; it has one page")
-            return f"{loc.shown}\n\n{self.vision.read(image, DESCRIBE_GOAL, loc.shown)}"
-        pages = _pages(ws, loc, ctx)
+            return f"{loc.shown}\n\n{self.vision.read(pages, DESCRIBE_GOAL, loc.shown)}"
         if page > len(pages):
             raise ToolError(f"{loc.shown} has {len(pages)} page(s); page {page} does not exist")
         text = pages[page - 1] or "(the file has no text)"
@@ -252,10 +246,9 @@ class Files:
             goal: What you want to learn from the file.
         """
         ws, loc = _located(path, ctx)
-        image = _image(ws, loc)
-        if image is not None:
-            return f"{loc.shown}\n\n{self.vision.read(image, goal, loc.shown)}"
-        pages = _pages(ws, loc, ctx)
+        pages = _contents(ws, loc, ctx)
+        if isinstance(pages, Image):
+            return f"{loc.shown}\n\n{self.vision.read(pages, goal, loc.shown)}"
         text = "".join(pages)[: self.max_chars]
         model = self.reader.summariser(self.settings or WebSettings.from_env(), ctx)
         if model is None or not text:
