@@ -110,6 +110,21 @@ def test_text_protocol_sends_tool_results_as_tool_response_turns():
     assert received[3].content == "<tool_response>\nresult text\n</tool_response>"
 
 
+def test_text_protocol_sends_a_user_turns_images_as_content_parts():
+    from test_web_judge import completion
+    from web_fakes import FakeService, Reply
+
+    image = "data:image/png;base64,iVBORw0KGgo="
+    service = FakeService([], default=Reply(200, completion("a bar chart")))
+    with service.running() as url:
+        reply = fast_client(f"{url}/v1", tool_protocol="text").complete(
+            [Message("user", "What does the chart show?", images=[image])], tools=[SEARCH])
+    (sent,) = service.requests[0]["body"]["messages"][1:]
+    assert sent == {"role": "user", "content": [{"type": "image_url", "image_url": {"url": image}},
+                                                {"type": "text", "text": "What does the chart show?"}]}
+    assert reply.text == "a bar chart"
+
+
 def test_think_block_in_content_goes_to_reasoning():
     scripted = ScriptedModel(["<think>\nThe user wants a greeting.\n</think>\n\nHello!"])
     with serving(scripted) as url:

@@ -50,7 +50,8 @@ class Message:
     """A chat message. `reasoning` holds a `<think>` block, kept for the record but never
     sent back to the model in later turns. `images` are image URLs (a base64 `data:` URL for
     local bytes) sent with the text as OpenAI `image_url` content parts, before it, where
-    vision models' own chat templates place them; only the native wire carries them."""
+    vision models' own chat templates place them; an in-process model, which reads text only,
+    refuses them."""
 
     role: str  # system | user | assistant | tool
     content: str = ""

@@ -354,6 +354,9 @@ class EmbeddedModel:
 
     def prompt_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The exact token ids the model is prompted with (ChatML, generation prompt included)."""
+        if any(m.images for m in messages):
+            raise ModelError(f"{self.name} reads text only; images go to a vision model served over HTTP "
+                             "(openai:NAME@URL)")
         text = self.tokenizer.apply_chat_template(to_text_messages(messages, tools, self.text_protocol),
                                                   tokenize=False, add_generation_prompt=True)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]

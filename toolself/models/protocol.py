@@ -69,10 +69,12 @@ def text_protocol_named(protocol: TextProtocol | str) -> TextProtocol:
 
 
 def to_text_messages(messages: list[Message], tools: list[dict[str, Any]] | None,
-                     protocol: TextProtocol = DEFAULT) -> list[dict[str, str]]:
+                     protocol: TextProtocol = DEFAULT) -> list[dict[str, Any]]:
     """Flatten typed messages into plain role/content turns a template without tool support
-    can render. Consecutive tool results share one user turn, as in Qwen's template."""
-    out: list[dict[str, str]] = []
+    can render. Consecutive tool results share one user turn, as in Qwen's template. A user
+    turn with images keeps them as content parts, as the native wire sends them: the protocol
+    is about tool calls, and a served vision model reads the parts either way."""
+    out: list[dict[str, Any]] = []
     tool_text = tools_system_text(tools) if tools and protocol.tools_in_system else ""
     for i, m in enumerate(messages):
         if m.role == "system":
@@ -93,7 +95,7 @@ def to_text_messages(messages: list[Message], tools: list[dict[str, Any]] | None
             else:
                 out.append({"role": "user", "content": block})
         else:
-            out.append({"role": m.role, "content": m.content})
+            out.append({"role": m.role, "content": m.to_openai()["content"]})
     if tool_text and (not messages or messages[0].role != "system"):
         out.insert(0, {"role": "system", "content": tool_text})
     return out
