@@ -224,11 +224,12 @@ class Files:
         if page < 1:
             raise ToolError("page starts at 1")
         ws, loc = _located(path, ctx)
-        pages = _contents(ws, loc, ctx)
-        if isinstance(pages, Image):
+        contents = _contents(ws, loc, ctx)
+        if isinstance(contents, Image):
             if page > 1:
                 raise ToolError(f"{loc.shown} is an image; it has one page")
-            return f"{loc.shown}\n\n{self.vision.read(pages, DESCRIBE_GOAL, loc.shown)}"
+            return f"{loc.shown}\n\n{self.vision.read(contents, DESCRIBE_GOAL, loc.shown)}"
+        pages = contents
         if page > len(pages):
             raise ToolError(f"{loc.shown} has {len(pages)} page(s); page {page} does not exist")
         text = pages[page - 1] or "(the file has no text)"
@@ -246,9 +247,10 @@ class Files:
             goal: What you want to learn from the file.
         """
         ws, loc = _located(path, ctx)
-        pages = _contents(ws, loc, ctx)
-        if isinstance(pages, Image):
-            return f"{loc.shown}\n\n{self.vision.read(pages, goal, loc.shown)}"
+        contents = _contents(ws, loc, ctx)
+        if isinstance(contents, Image):
+            return f"{loc.shown}\n\n{self.vision.read(contents, goal, loc.shown)}"
+        pages = contents
         text = "".join(pages)[: self.max_chars]
         model = self.reader.summariser(self.settings or WebSettings.from_env(), ctx)
         if model is None or not text:
