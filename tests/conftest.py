@@ -1,5 +1,7 @@
 """Fixtures that several test files share."""
 
+import os
+
 import pytest
 
 from toolself.tools.base import ToolContext
@@ -19,3 +21,12 @@ def ctx(sandbox_timeout):
     with_limits(context, timeout_s=sandbox_timeout)
     yield context
     context.close()
+
+
+def pytest_configure(config):
+    """The built-in suites' tasks depend on a key made at random for each user on first use, so
+    a test that names a task's content would pass on one machine and fail on the next: the
+    tests see the published tasks. A test of the key itself sets or removes the variable."""
+    from toolself.evals.suites.common import KEY_VARIABLE, PUBLIC_KEY
+
+    os.environ[KEY_VARIABLE] = PUBLIC_KEY
