@@ -247,13 +247,13 @@ def test_running_out_of_tokens_mid_call_returns_what_was_written(model):
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_an_image_is_refused_by_the_text_only_model_not_dropped(model):
     image = Message("user", "What does the chart show?", images=["data:image/png;base64,iVBORw0KGgo="])
     with pytest.raises(ModelError, match="reads text only; images go to a vision model"):
         model.complete([image], max_tokens=8)
 
 
+@pytest.mark.slow
 def test_a_lora_adapter_loads_onto_the_default_model(model, tmp_path):
     peft = pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM

@@ -219,7 +219,7 @@ def test_train_cat_with_the_paper_preset_collects_and_scores_as_the_authors_did(
     from toolself.evals.loaders import load_tasks
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    answer = load_tasks("builtin:research", split="train", limit=1)[0].answer  # this machine's suite key decides it
+    answer = load_tasks("builtin:research", split="train", limit=1)[0].answer  # the suite key decides it
     terminate = tool_call("terminate", status="success", result=answer, summary="looked it up")
     teacher = FakeService([Reply(200, completion(official_config(toolbox=("search", "visit")))),
                            Reply(200, completion("<think>I know it</think>\n" + terminate + "\n"
