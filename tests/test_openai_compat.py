@@ -125,6 +125,15 @@ def test_text_protocol_sends_a_user_turns_images_as_content_parts():
     assert reply.text == "a bar chart"
 
 
+def test_a_tool_result_after_a_user_turn_with_images_opens_a_turn_of_its_own():
+    from toolself.models.protocol import to_text_messages
+
+    image = Message("user", "What does the chart show?", images=["data:image/png;base64,iVBORw0KGgo="])
+    turns = to_text_messages([image, Message("tool", "result text", tool_call_id="call_1")], None)
+    assert turns[0]["content"][0]["type"] == "image_url"
+    assert turns[1] == {"role": "user", "content": "<tool_response>\nresult text\n</tool_response>"}
+
+
 def test_think_block_in_content_goes_to_reasoning():
     scripted = ScriptedModel(["<think>\nThe user wants a greeting.\n</think>\n\nHello!"])
     with serving(scripted) as url:

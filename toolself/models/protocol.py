@@ -90,7 +90,8 @@ def to_text_messages(messages: list[Message], tools: list[dict[str, Any]] | None
             out.append({"role": "assistant", "content": "\n".join(parts)})
         elif m.role == "tool":
             block = f"<tool_response>\n{m.content}\n</tool_response>"
-            if out and out[-1]["role"] == "user" and out[-1]["content"].startswith("<tool_response>"):
+            last = out[-1]["content"] if out and out[-1]["role"] == "user" else None
+            if isinstance(last, str) and last.startswith("<tool_response>"):
                 out[-1]["content"] += "\n" + block
             else:
                 out.append({"role": "user", "content": block})
