@@ -15,6 +15,7 @@ from toolself.models.protocol import DEFAULT, PAPER
 from toolself.models.scripted import ScriptedModel, call
 from toolself.tools.base import ToolPool, tool
 from toolself.train import data as D
+from toolself.trajectory import Trajectory
 
 pytest.importorskip("transformers")
 pytest.importorskip("datasets")
@@ -267,6 +268,17 @@ def test_an_unknown_tool_name_is_an_error_not_a_silent_render(tokenizer):
     renderer = D.Renderer(tokenizer, D.tool_schemas(ToolPool([read_log])))
     with pytest.raises(D.RenderError, match="lookup"):
         D.sft_sequences(run(TWO_STAGES), renderer)
+
+
+def test_a_turn_with_images_is_refused_not_rendered_as_text(renderer):
+    saved = run(TWO_STAGES).to_dict()  # as a trajectory file from elsewhere could hold it
+    task = next(m for m in saved["stages"][0]["conversation"]["messages"] if m["role"] == "user")
+    task["images"] = ["data:image/png;base64,iVBORw0KGgo="]
+    trajectory = Trajectory.from_dict(saved)
+    with pytest.raises(D.RenderError, match="carries images"):
+        D.sft_sequences(trajectory, renderer)
+    with pytest.raises(D.RenderError, match="carries images"):
+        D.kto_decisions(trajectory, renderer, label=True)
 
 
 def test_datasets_round_trip_through_disk_with_their_stats(tmp_path, renderer):

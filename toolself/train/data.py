@@ -106,9 +106,19 @@ class Renderer:
             raise RenderError(f"no schema for tool(s) {missing}: pass the pool the trajectories were run with")
         return [self.schemas[n] for n in names] or None
 
+    def chat_text(self, messages: list[Message], tools: list[dict[str, Any]] | None, **options: Any) -> str:
+        """The chat template's rendering. A turn with images is refused, not rendered: a
+        text-only template would train the student on its content parts' repr, or on the turn
+        without the images it was answering."""
+        pictured = next((i for i, m in enumerate(messages) if m.images), None)
+        if pictured is not None:
+            raise RenderError(f"message {pictured} ({messages[pictured].role}) carries images; a text-only chat "
+                              "template cannot render them: leave such trajectories out of the training data")
+        return self.tokenizer.apply_chat_template(to_text_messages(messages, tools, self.protocol), tokenize=False,
+                                                  **options)
+
     def prompt_text(self, messages: list[Message], tool_names: list[str]) -> str:
-        return self.tokenizer.apply_chat_template(to_text_messages(messages, self.tools(tool_names), self.protocol),
-                                                  tokenize=False, add_generation_prompt=True)
+        return self.chat_text(messages, self.tools(tool_names), add_generation_prompt=True)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -122,8 +132,7 @@ class Renderer:
         assistant turn after the generation prompt, up to and including its end-of-turn token."""
         tools = self.tools(tool_names)
         prompt = self.prompt_text(messages, tool_names)
-        full = self.tokenizer.apply_chat_template(to_text_messages(messages + [output], tools, self.protocol),
-                                                  tokenize=False)
+        full = self.chat_text(messages + [output], tools)
         if full.startswith(prompt):
             text = full[len(prompt):]
             if self.end_token and self.end_token in text:
