@@ -27,9 +27,10 @@ MISSING = ["trl", "datasets", "dill", "multiprocess", "pydantic", "pydantic-core
            "typing-inspection", "xgrammar", "apache-tvm-ffi"]
 # There, but perhaps older than what the carried ones need (pydantic: typing-extensions >= 4.16).
 NEWER = ["typing-extensions"]
-# Never pyarrow, even where the image's is older than datasets asks: from the --target folder on
-# PYTHONPATH, outside the interpreter's prefix, dill pickles it by value and datasets >= 5.1 fails
-# on its first dataset (docs/notes/2026-12-05-gpu-session-rehearsed-on-torch-2-11.md).
+# Never pyarrow, even where the image's is older than datasets asks: from a --target folder on
+# PYTHONPATH, outside the interpreter's prefix and not named site-packages, dill pickles it by
+# value and datasets >= 5.1 fails on its first dataset
+# (docs/notes/2026-12-05-gpu-session-rehearsed-on-torch-2-11.md).
 EXTRA = {"liger-kernel": "0.8.5"}  # optional here, measured there
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64"]

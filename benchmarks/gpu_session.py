@@ -4,8 +4,8 @@ one budget, most important first. Each run's JSON lands in OUT as it is measured
 all of them in OUT/session.log; a table of the results against the bars is printed last.
 
     make gpu-kit                       # here: wheels the GPU image lacks + the teacher's attempts, in .gpu/
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl \\
-      && PYTHONPATH=/tmp/site python3 benchmarks/gpu_session.py --kit .gpu --out results --budget 480
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-packages .gpu/wheels/*.whl \\
+      && PYTHONPATH=/tmp/site-packages python3 benchmarks/gpu_session.py --kit .gpu --out results --budget 480
     python benchmarks/gpu_session.py --kit KIT --out DIR --miniature   # the same runs, tiny, on a CPU (CI)
 
 The kit carries the expert teacher's attempts (so the GPU machine needs neither the sandbox nor
