@@ -33,8 +33,9 @@ class CATKTOConfig(KTOOptions, _TRLKTOConfig, KernelArguments):
     warmup_steps: float = field(
         default=0.1, metadata={"help": "Linear warm-up, as a fraction of the steps when below 1."})
     logging_steps: float = field(default=1, metadata={"help": "Log every N optimizer steps."})
-    save_strategy: str = field(default="no", metadata={"help": "Intermediate checkpoints; the final adapter is "
-                                                               "always saved."})
+    save_strategy: str = field(default="no", metadata={"help": "Intermediate checkpoints by `steps` or `epoch`; "
+                                                               "with `no`, checkpoint_minutes takes them by the "
+                                                               "clock instead. The final model is always saved."})
     report_to: Any = field(default="none", metadata={"help": "Experiment trackers (the JSONL log is always written)."})
     bf16: bool | None = field(
         default=None,

@@ -82,33 +82,44 @@ def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int,
     """Train (from the last checkpoint when resuming), save the model and its tokenizer, and
     write `train_result.json`: the part RFT and KTO share."""
     from accelerate import PartialState
-    from transformers.trainer_utils import get_last_checkpoint
 
+    from toolself.train.checkpoints import (TimedCheckpoints, last_complete_checkpoint, remove_checkpoints,
+                                            resumed_step, trim_log)
     from toolself.train.compact_head import use_compact_head
     from toolself.train.compiled_layers import compile_decoder_layers, should_compile
     from toolself.train.frozen_layers import cache_frozen_layers
 
+    args = trainer.args
     use_compact_head(trainer.model)
-    compiled, why = should_compile(getattr(trainer.args, "compile_layers", False),
-                                   on_gpu=trainer.args.device.type != "cpu")
+    compiled, why = should_compile(getattr(args, "compile_layers", False), on_gpu=args.device.type != "cpu")
     if compiled:
         compile_decoder_layers(trainer.model)  # first: the frozen-layer cache wraps the compiled layers
-    frozen = cache_frozen_layers(trainer.model) if getattr(trainer.args, "cache_frozen_layers", False) else None
-    output_dir = trainer.args.output_dir
-    checkpoint = get_last_checkpoint(output_dir) if resume and Path(output_dir).is_dir() else None
-    if checkpoint is None and PartialState().is_main_process:  # a fresh run: a fresh log
-        log_path.unlink(missing_ok=True)
+    frozen = cache_frozen_layers(trainer.model) if getattr(args, "cache_frozen_layers", False) else None
+    timed = bool(getattr(args, "checkpoint_minutes", 0)) and args.save_strategy == "no"
+    if timed:
+        trainer.add_callback(TimedCheckpoints(args.checkpoint_minutes))
+        args.save_total_limit = args.save_total_limit or 1
+    checkpoint = last_complete_checkpoint(args.output_dir) if resume else None
+    start_step = resumed_step(checkpoint) if checkpoint is not None else 0
+    if PartialState().is_main_process:
+        if checkpoint is None:  # a fresh run: a fresh log
+            log_path.unlink(missing_ok=True)
+        else:
+            trim_log(log_path, start_step)
+            logger.info("resuming from %s", checkpoint)
     started = time.perf_counter()
-    output = trainer.train(resume_from_checkpoint=checkpoint)
+    output = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     seconds = time.perf_counter() - started
     trainer.save_model(str(out_dir))
     main = trainer.is_world_process_zero()
-    result = TrainResult(output_dir=str(out_dir), adapter=not trainer.args.full_finetune, steps=output.global_step,
+    result = TrainResult(output_dir=str(out_dir), adapter=not args.full_finetune, steps=output.global_step,
                          train_loss=output.training_loss, tokens=collator.tokens, seconds=round(seconds, 3),
                          tokens_per_second=round(collator.tokens / seconds, 2) if seconds and main else 0.0,
                          examples=examples, log=str(log_path), extra=dict(extra or {}) if main else {})
     if main:
         result.extra["compiled_layers"] = why
+        if start_step:  # tokens and seconds count from there
+            result.extra["resumed_from_step"] = start_step
         if collator.kl_tokens:  # counted during training: KTO's mismatched pairs
             result.extra["kl_tokens"] = collator.kl_tokens
         elif collator.slots:  # RFT: how much of its batches was sequence, not padding
@@ -118,4 +129,6 @@ def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int,
             logger.info("frozen-layer cache: %s", frozen.stats())
         trainer.processing_class.save_pretrained(str(out_dir))
         (out_dir / "train_result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+        if timed:  # the run is saved whole; they were its insurance
+            remove_checkpoints(args.output_dir)
     return result

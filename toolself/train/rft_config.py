@@ -31,8 +31,8 @@ class RFTConfig(RFTOptions, SFTConfig, KernelArguments):
         default=1, metadata={"help": "Log every N optimizer steps (the training log and curves are per step)."})
     save_strategy: str = field(
         default="no",
-        metadata={"help": "Intermediate checkpoints; the final adapter is always saved. Set `steps` for long GPU "
-                          "runs and resume with --resume."},
+        metadata={"help": "Intermediate checkpoints by `steps` or `epoch`; with `no`, checkpoint_minutes takes "
+                          "them by the clock instead. The final model is always saved."},
     )
     report_to: Any = field(default="none", metadata={"help": "Experiment trackers (the JSONL log is always written)."})
     bf16: bool | None = field(

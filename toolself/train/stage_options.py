@@ -36,6 +36,12 @@ def _full_finetune() -> Any:
     return _option(False, "--full-finetune", _LORA["full_finetune"].metadata["help"])
 
 
+def _checkpoint_minutes() -> Any:
+    return _option(30.0, "--checkpoint-minutes", "Save a resumable checkpoint every N minutes of training (the "
+                   "latest only, removed once the model is saved) unless save_strategy asks for steps or epochs; "
+                   "rerunning the command resumes from it, so a crash costs at most N minutes. 0: none.", 0)
+
+
 _LORA = LoraArguments.__dataclass_fields__
 
 
@@ -58,6 +64,7 @@ class RFTOptions(LoraArguments):
     full_finetune: bool = _full_finetune()
     compile_layers: bool | None = _option(None, "--compile-layers/--eager-layers",
                                           _LORA["compile_layers"].metadata["help"])
+    checkpoint_minutes: float = _checkpoint_minutes()
 
 
 @dataclass
@@ -85,6 +92,7 @@ class KTOOptions(LoraArguments):
                           "gradients, adapter off) compiles to other kernels than the policy's pass, whose bf16 "
                           "roundings then differ, so a fresh adapter starts with a log-ratio that is not zero; and "
                           "a KTO run of a few minutes spends what compiling saves on compiling its variants."})
+    checkpoint_minutes: float = _checkpoint_minutes()
 
 
 def stage_options(options: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -1,0 +1,184 @@
+"""Checkpoints by the clock: a training run killed part-way resumes where its last complete
+checkpoint left it and ends as an uninterrupted run ends.
+
+The runs are real: RFT of a random-initialised tiny model on the expert teacher's trajectories,
+and the killed run is a process of its own, killed with SIGKILL in the middle of a step.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("trl")
+pytest.importorskip("peft")
+
+from toolself.train import checkpoints as C  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 8
+KILLED_AT = 5  # killed after logging this step, before saving it
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from toolself.models.local import MissingWeightsError
+    from toolself.train.shapes import random_model_dir
+
+    try:
+        return random_model_dir("tiny", tmp_path_factory.mktemp("tiny") / "model")
+    except MissingWeightsError as exc:  # the tokenizer is the default model's
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def sft(tiny, tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from toolself.evals.teacher import scored_attempts
+    from toolself.tools.registry import default_pool
+    from toolself.train import data as D
+
+    pool = default_pool()
+    attempts = scored_attempts("builtin:research?hops=2", limit=2, noises=(0.0,), pool=pool)
+    dataset, _ = D.build_sft_dataset(attempts, D.Renderer(AutoTokenizer.from_pretrained(str(tiny)),
+                                                          D.tool_schemas(pool)), max_length=256)
+    path = tmp_path_factory.mktemp("sft") / "data"
+    dataset.save_to_disk(str(path))
+    return dataset, path
+
+
+def settings(out: Path) -> dict:
+    """Every step checkpointed; a decaying learning rate and the frozen-layer cache, so that a
+    resume that lost the scheduler's or the data's position would show in the losses."""
+    return dict(output_dir=str(out / "checkpoints"), max_steps=STEPS, num_train_epochs=100,
+                per_device_train_batch_size=1, gradient_accumulation_steps=1, learning_rate=1e-2, warmup_steps=0,
+                lr_scheduler_type="linear", compile_layers=False, bf16=False, disable_tqdm=True, lora_layers=2,
+                checkpoint_minutes=1e-9)
+
+
+KILLED_RUN = textwrap.dedent(f"""
+    import json, os, signal, sys
+    from datasets import load_from_disk
+    from transformers import TrainerCallback
+    import toolself.train.rft as R
+    from toolself.train.rft_config import RFTConfig
+
+    class Killed(TrainerCallback):
+        def on_log(self, args, state, control, **kwargs):
+            if state.global_step == {KILLED_AT}:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    run_trainer = R.run_trainer
+    R.run_trainer = lambda trainer, *a, **k: (trainer.add_callback(Killed()), run_trainer(trainer, *a, **k))[1]
+    data, model, out, config = sys.argv[1:]
+    R.train_rft(load_from_disk(data), model, out, RFTConfig(**json.loads(config)))
+""")
+
+
+def logged(log: Path) -> list[tuple[int, float]]:
+    return [(r["step"], r["loss"]) for r in map(json.loads, log.read_text().splitlines())
+            if r.get("event") == "log" and "loss" in r]
+
+
+def adapter(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "adapter_model.safetensors"))
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_way_resumes_from_its_last_complete_checkpoint_and_ends_as_if_never_stopped(
+        tmp_path, tiny, sft):
+    from toolself.train.rft import train_rft
+    from toolself.train.rft_config import RFTConfig
+
+    dataset, data_path = sft
+    whole = train_rft(dataset, tiny, tmp_path / "whole", RFTConfig(**settings(tmp_path / "whole")))
+    assert not list((tmp_path / "whole" / "checkpoints").glob("checkpoint-*"))  # removed once saved
+
+    out = tmp_path / "killed"
+    killed = subprocess.run([sys.executable, "-c", KILLED_RUN, str(data_path), str(tiny), str(out),
+                             json.dumps(settings(out))], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    checkpoints = out / "checkpoints"
+    assert [p.name for p in checkpoints.glob("checkpoint-*")] == [f"checkpoint-{KILLED_AT - 1}"]
+    assert [step for step, _ in logged(out / "train_log.jsonl")] == list(range(1, KILLED_AT + 1))
+    # a kill while saving leaves a newer checkpoint without the state the trainer writes last
+    shutil.copytree(checkpoints / f"checkpoint-{KILLED_AT - 1}", checkpoints / f"checkpoint-{KILLED_AT}")
+    (checkpoints / f"checkpoint-{KILLED_AT}" / C.STATE_FILE).unlink()
+
+    resumed = train_rft(dataset, tiny, out, RFTConfig(**settings(out)), resume=True)
+    assert resumed.extra["resumed_from_step"] == KILLED_AT - 1
+    assert resumed.steps == whole.steps == STEPS
+    steps, losses = zip(*logged(out / "train_log.jsonl"))
+    assert list(steps) == list(range(1, STEPS + 1))  # each step once: the killed run's step 5 was dropped
+    assert list(losses) == pytest.approx([loss for _, loss in logged(Path(whole.log))], rel=1e-5)
+    final, expected = adapter(out), adapter(tmp_path / "whole")
+    assert all(final[name].allclose(expected[name], rtol=1e-4, atol=1e-6) for name in expected)
+    assert not list(checkpoints.glob("checkpoint-*"))
+
+
+def test_the_newest_checkpoint_without_its_state_file_is_not_resumed_from(tmp_path):
+    for step, complete in ((3, True), (7, True), (12, False)):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        if complete:
+            (folder / C.STATE_FILE).write_text(json.dumps({"global_step": step}))
+    (tmp_path / "checkpoint-latest").mkdir()
+    assert C.last_complete_checkpoint(tmp_path) == tmp_path / "checkpoint-7"
+    assert C.resumed_step(tmp_path / "checkpoint-7") == 7
+    assert C.last_complete_checkpoint(tmp_path / "absent") is None
+
+
+def test_a_resumed_log_keeps_what_came_before_its_checkpoint_and_drops_a_torn_line(tmp_path):
+    log = tmp_path / "train_log.jsonl"
+    records = [{"event": "begin"}] + [{"event": "log", "step": s, "loss": 1.0 / s} for s in (1, 2, 3, 4)]
+    log.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"event": "log", "st')
+    C.trim_log(log, 2)
+    assert [json.loads(line) for line in log.read_text().splitlines()] == records[:3]
+
+
+def test_runs_that_ask_for_step_or_epoch_checkpoints_keep_them_and_get_no_clock():
+    from toolself.train.rft_config import RFTConfig
+
+    assert RFTConfig(output_dir="unused").checkpoint_minutes == 30
+    assert RFTConfig(output_dir="unused", save_strategy="steps", save_steps=50).save_strategy != "no"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+AGREEMENT = textwrap.dedent("""
+    import sys
+    import torch.distributed as dist
+    from toolself.train.checkpoints import same_on_every_process
+
+    rank, world, due = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "due"
+    dist.init_process_group("gloo", init_method=sys.argv[4], rank=rank, world_size=world)
+    print(same_on_every_process(due, "cpu"))
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.parametrize("first_is_due", [True, False])
+def test_every_process_saves_when_the_first_one_is_due_and_none_when_it_is_not(first_is_due):
+    address = f"tcp://127.0.0.1:{free_port()}"
+    clocks = ["due" if first_is_due else "not", "not" if first_is_due else "due"]
+    processes = [subprocess.Popen([sys.executable, "-c", AGREEMENT, str(rank), "2", clock, address], cwd=ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for rank, clock in enumerate(clocks)]
+    answers = [p.communicate(timeout=120) for p in processes]
+    assert all(p.returncode == 0 for p in processes), [err[-1000:] for _, err in answers]
+    assert [out.strip() for out, _ in answers] == [str(first_is_due)] * 2

@@ -1,0 +1,106 @@
+"""Checkpoints by the clock, so that a crash costs minutes of a long training run, not the run.
+
+The trainers save nothing before the end unless asked to (`save_strategy`): on a CPU run of
+minutes a checkpoint costs more than it protects. A GPU run of hours is the other way round,
+and how many steps it will take is not known when it is configured. So, unless a run asks for
+checkpoints by steps or epochs, one is taken every `checkpoint_minutes` of training, only the
+latest is kept, and it is removed once the final model is saved. Rerunning the command resumes
+from it (`--resume`, the default).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+PREFIX = "checkpoint-"
+STATE_FILE = "trainer_state.json"  # what the trainer writes last into a checkpoint
+
+
+class TimedCheckpoints(TrainerCallback):
+    """Asks the trainer to save a resumable checkpoint (weights, optimizer, scheduler, data
+    position, random states) once `minutes` have passed since training began or since the last
+    save ended."""
+
+    def __init__(self, minutes: float):
+        self.seconds = minutes * 60
+        self.last = time.monotonic()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.last = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if same_on_every_process(time.monotonic() - self.last >= self.seconds, args.device):
+            control.should_save = True
+
+    def on_save(self, args, state, control, **kwargs):
+        self.last = time.monotonic()
+
+
+def same_on_every_process(flag: bool, device: Any) -> bool:
+    """Process 0's `flag`, on every process. Saving is collective (ZeRO and FSDP gather their
+    shards to save), so processes whose clocks disagreed would wait for each other forever."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    value = torch.tensor([int(flag)], device=device)
+    dist.broadcast(value, src=0)
+    return bool(value.item())
+
+
+def checkpoint_step(folder: Path) -> int | None:
+    name = folder.name
+    if folder.is_dir() and name.startswith(PREFIX) and name[len(PREFIX):].isdigit():
+        return int(name[len(PREFIX):])
+    return None
+
+
+def last_complete_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest checkpoint the trainer finished writing. Its state file comes last, so a
+    process killed while saving leaves a newer folder without one; transformers'
+    `get_last_checkpoint` would pick that folder and resume from half a checkpoint."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return None
+    complete = [(step, p) for p in folder.iterdir()
+                if (step := checkpoint_step(p)) is not None and (p / STATE_FILE).is_file()]
+    return max(complete)[1] if complete else None
+
+
+def remove_checkpoints(output_dir: str | Path) -> None:
+    """Every checkpoint folder in `output_dir`: once the final model is saved they only hold
+    disk (an 8B full fine-tune's optimizer state alone is ~64 GB)."""
+    folder = Path(output_dir)
+    if folder.is_dir():
+        for path in folder.iterdir():
+            if checkpoint_step(path) is not None:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def trim_log(path: Path, step: int) -> None:
+    """Drop the training log's records of steps after `step`, where a resumed run starts again,
+    and a line torn by the crash, so that each step is logged once."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("step") is None or record["step"] <= step:
+            kept.append(line)
+    trimmed = path.with_name(path.name + ".trimmed")
+    trimmed.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    trimmed.replace(path)
+
+
+def resumed_step(checkpoint: Path) -> int:
+    return int(json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))["global_step"])
