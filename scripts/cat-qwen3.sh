@@ -95,7 +95,9 @@ echo "== 1. teacher: $REPEATS attempts per training task at temperature $TEMPERA
 collect teacher "$TEACHER" "$TRAIN_TASKS" "$TRAIN_SPLIT" "$TEMPERATURE" "$REPEATS"
 
 echo "== 2. RFT of $MODEL on the teacher's successes"
-[ -f "$OUT/rft/adapter_config.json" ] || \
+# train_result.json is written after the whole model: a step killed before it trains again,
+# from its last checkpoint
+[ -f "$OUT/rft/train_result.json" ] || \
   $LAUNCH $TOOLSELF train rft --trajectories "$OUT/teacher" --student "$MODEL" --out "$OUT/rft" --seed "$SEED" \
       --resume "${RFT_ARGS[@]}"
 
@@ -104,7 +106,7 @@ RFT=$(serve rft "$MODEL" "$OUT/rft" 8001)
 collect policy "$RFT" "$TRAIN_TASKS" "$TRAIN_SPLIT" "$TEMPERATURE" "$REPEATS"
 
 echo "== 4. trajectory-level KTO on the RFT model's attempts"
-[ -f "$OUT/kto/adapter_config.json" ] || \
+[ -f "$OUT/kto/train_result.json" ] || \
   $LAUNCH $TOOLSELF train kto --policy "$OUT/rft" --trajectories "$OUT/policy" --out "$OUT/kto" --seed "$SEED" \
       --resume "${KTO_ARGS[@]}"
 

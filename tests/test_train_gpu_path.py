@@ -271,7 +271,7 @@ def run_recipe(env_overrides: dict[str, str], timeout: float) -> subprocess.Comp
 
 
 @pytest.mark.slow
-def test_the_qwen3_recipe_script_runs_end_to_end_in_miniature(tmp_path, tiny):
+def test_the_qwen3_recipe_script_runs_end_to_end_in_miniature_and_redoes_a_step_cut_short(tmp_path, tiny):
     out = tmp_path / "run"
     done = run_recipe({"CAT_MINIATURE": "1", "MODEL": str(tiny), "OUT": str(out)}, timeout=600)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
@@ -282,6 +282,14 @@ def test_the_qwen3_recipe_script_runs_end_to_end_in_miniature(tmp_path, tiny):
     policy = json.loads((out / "policy" / "run.json").read_text())
     assert policy["identity"]["model_options"]["temperature"] > 0  # the K attempts at a task are samples, not one greedy reply
     assert (out / "report" / "report.md").is_file()
+
+    # KTO killed while saving: its adapter written in part, train_result.json (written last) not at all
+    (out / "kto" / "train_result.json").unlink()
+    (out / "kto" / "adapter_model.safetensors").write_bytes(b"")
+    again = run_recipe({"CAT_MINIATURE": "1", "MODEL": str(tiny), "OUT": str(out)}, timeout=600)
+    assert again.returncode == 0, (again.stdout[-2000:], again.stderr[-3000:])
+    assert "KTO done" in again.stdout and "RFT done" not in again.stdout  # the finished step is not redone
+    assert (out / "kto" / "train_result.json").is_file() and (out / "kto" / "adapter_model.safetensors").stat().st_size
 
 
 FRAMES_ROWS = [("", "Prompt", "Answer", "wiki_links", "reasoning_types")] + [
