@@ -23,6 +23,18 @@ def ctx(sandbox_timeout):
     context.close()
 
 
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """A random-initialised model directory of the `tiny` shape, with the default tokenizer."""
+    from toolself.models.local import MissingWeightsError
+    from toolself.train.shapes import random_model_dir
+
+    try:
+        return random_model_dir("tiny", tmp_path_factory.mktemp("tiny") / "model")
+    except MissingWeightsError as exc:  # the tokenizer is the default model's
+        pytest.skip(str(exc))
+
+
 def pytest_configure(config):
     """The built-in suites' tasks depend on a key made at random for each user on first use, so
     a test that names a task's content would pass on one machine and fail on the next: the

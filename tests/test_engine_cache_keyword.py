@@ -13,18 +13,12 @@ torch = pytest.importorskip("torch")
 
 from toolself.models.base import Message  # noqa: E402
 from toolself.models.engine import cache_keyword  # noqa: E402
-from toolself.models.local import EmbeddedModel, MissingWeightsError  # noqa: E402
+from toolself.models.local import EmbeddedModel  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from toolself.train.shapes import random_model_dir
-
-    try:
-        return EmbeddedModel.load(str(random_model_dir("tiny", tmp_path_factory.mktemp("tiny") / "model")),
-                                  dtype="float32")
-    except MissingWeightsError as exc:  # the tokenizer is the default model's
-        pytest.skip(str(exc))
+def engine(tiny):
+    return EmbeddedModel.load(str(tiny), dtype="float32")
 
 
 def with_old_signature(model):
@@ -53,9 +47,9 @@ def greedy(loaded: EmbeddedModel, messages: list[list[Message]]) -> list[list[in
     return [r.completion_token_ids for r in replies]
 
 
-def test_the_cache_keyword_is_the_one_the_forward_takes(tiny):
-    assert cache_keyword(tiny.model) == ("cache" if "cache" in inspect.signature(tiny.model.forward).parameters
-                                         else "past_key_values")
+def test_the_cache_keyword_is_the_one_the_forward_takes(engine):
+    takes = inspect.signature(engine.model.forward).parameters
+    assert cache_keyword(engine.model) == ("cache" if "cache" in takes else "past_key_values")
 
     def old(input_ids=None, past_key_values=None, **kwargs):
         return None
@@ -63,12 +57,12 @@ def test_the_cache_keyword_is_the_one_the_forward_takes(tiny):
     assert cache_keyword(type("Old", (), {"forward": staticmethod(old)})()) == "past_key_values"
 
 
-def test_a_model_that_takes_past_key_values_decodes_what_the_current_signature_decodes(tiny):
+def test_a_model_that_takes_past_key_values_decodes_what_the_current_signature_decodes(engine):
     messages = [[Message(role="user", content=f"Question {i}: what happened in {1900 + i}?")] for i in range(3)]
-    current = greedy(tiny, messages)
-    original = with_old_signature(tiny.model)
+    current = greedy(engine, messages)
+    original = with_old_signature(engine.model)
     try:
-        old = greedy(tiny, messages)
+        old = greedy(engine, messages)
     finally:
-        tiny.model.forward = original
+        engine.model.forward = original
     assert old == current and all(len(ids) == 12 for ids in current)

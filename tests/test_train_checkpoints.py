@@ -29,17 +29,6 @@ KILLED_AT = 5  # killed after logging this step, before saving it
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from toolself.models.local import MissingWeightsError
-    from toolself.train.shapes import random_model_dir
-
-    try:
-        return random_model_dir("tiny", tmp_path_factory.mktemp("tiny") / "model")
-    except MissingWeightsError as exc:  # the tokenizer is the default model's
-        pytest.skip(str(exc))
-
-
-@pytest.fixture(scope="module")
 def sft(tiny, tmp_path_factory):
     from transformers import AutoTokenizer
 

@@ -26,17 +26,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from toolself.models.local import MissingWeightsError
-    from toolself.train.shapes import random_model_dir
-
-    try:
-        return random_model_dir("tiny", tmp_path_factory.mktemp("tiny") / "model")
-    except MissingWeightsError as exc:  # the tokenizer is the default model's
-        pytest.skip(str(exc))
-
-
-@pytest.fixture(scope="module")
 def sft(tiny):
     from transformers import AutoTokenizer
 
