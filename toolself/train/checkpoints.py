@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
+from transformers.trainer import TRAINER_STATE_NAME as STATE_FILE  # what the trainer writes last into a checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-PREFIX = "checkpoint-"
-STATE_FILE = "trainer_state.json"  # what the trainer writes last into a checkpoint
+PREFIX = PREFIX_CHECKPOINT_DIR + "-"
 
 
 class TimedCheckpoints(TrainerCallback):
