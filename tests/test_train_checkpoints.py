@@ -136,11 +136,15 @@ def test_a_resumed_log_keeps_what_came_before_its_checkpoint_and_drops_a_torn_li
     assert [json.loads(line) for line in log.read_text().splitlines()] == records[:3]
 
 
-def test_runs_that_ask_for_step_or_epoch_checkpoints_keep_them_and_get_no_clock():
+def test_runs_that_ask_for_step_or_epoch_checkpoints_keep_them_and_get_no_clock(tmp_path, tiny, sft):
+    from toolself.train.rft import train_rft
     from toolself.train.rft_config import RFTConfig
 
     assert RFTConfig(output_dir="unused").checkpoint_minutes == 30
-    assert RFTConfig(output_dir="unused", save_strategy="steps", save_steps=50).save_strategy != "no"
+    config = RFTConfig(**{**settings(tmp_path), "max_steps": 4, "save_strategy": "steps", "save_steps": 2})
+    train_rft(sft[0], tiny, tmp_path, config)
+    # the run's own checkpoints stay, and the clock (due at every step here) added none at steps 1 and 3
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
 
 
 def free_port() -> int:
