@@ -35,6 +35,42 @@ def tiny(tmp_path_factory):
         pytest.skip(str(exc))
 
 
+@pytest.fixture(scope="session")
+def tiny_attempts(tmp_path_factory):
+    """The expert teacher's scored attempts at two 2-hop research tasks, saved as a trajectory
+    file with its tool schemas beside it (what `--trajectories` takes); returns (attempts, schemas, path)."""
+    import json
+
+    from toolself.evals.teacher import scored_attempts
+    from toolself.tools.registry import default_pool
+    from toolself.train import data as D
+    from toolself.train.collect import TOOLS_FILE
+    from toolself.trajectory import write_jsonl
+
+    pool = default_pool()
+    attempts = scored_attempts("builtin:research?hops=2", limit=2, noises=(0.0,), pool=pool)
+    schemas = D.tool_schemas(pool)
+    path = tmp_path_factory.mktemp("attempts") / "attempts.jsonl"
+    write_jsonl(path, attempts, append=False)
+    (path.parent / TOOLS_FILE).write_text(json.dumps(schemas) + "\n", encoding="utf-8")
+    return attempts, schemas, path
+
+
+@pytest.fixture(scope="session")
+def tiny_sft(tiny, tiny_attempts, tmp_path_factory):
+    """RFT data of `tiny_attempts` for the `tiny` model, built in memory and saved; returns (dataset, path)."""
+    from transformers import AutoTokenizer
+
+    from toolself.train import data as D
+
+    attempts, schemas, _ = tiny_attempts
+    dataset, _ = D.build_sft_dataset(attempts, D.Renderer(AutoTokenizer.from_pretrained(str(tiny)), schemas),
+                                     max_length=256)
+    path = tmp_path_factory.mktemp("sft") / "data"
+    dataset.save_to_disk(str(path))
+    return dataset, path
+
+
 def pytest_configure(config):
     """The built-in suites' tasks depend on a key made at random for each user on first use, so
     a test that names a task's content would pass on one machine and fail on the next: the

@@ -28,23 +28,6 @@ STEPS = 8
 KILLED_AT = 5  # killed after logging this step, before saving it
 
 
-@pytest.fixture(scope="module")
-def sft(tiny, tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    from toolself.evals.teacher import scored_attempts
-    from toolself.tools.registry import default_pool
-    from toolself.train import data as D
-
-    pool = default_pool()
-    attempts = scored_attempts("builtin:research?hops=2", limit=2, noises=(0.0,), pool=pool)
-    dataset, _ = D.build_sft_dataset(attempts, D.Renderer(AutoTokenizer.from_pretrained(str(tiny)),
-                                                          D.tool_schemas(pool)), max_length=256)
-    path = tmp_path_factory.mktemp("sft") / "data"
-    dataset.save_to_disk(str(path))
-    return dataset, path
-
-
 def settings(out: Path) -> dict:
     """Every step checkpointed; a decaying learning rate and the frozen-layer cache, so that a
     resume that lost the scheduler's or the data's position would show in the losses."""
@@ -86,11 +69,11 @@ def adapter(folder: Path) -> dict:
 
 @pytest.mark.slow
 def test_a_run_killed_mid_way_resumes_from_its_last_complete_checkpoint_and_ends_as_if_never_stopped(
-        tmp_path, tiny, sft):
+        tmp_path, tiny, tiny_sft):
     from toolself.train.rft import train_rft
     from toolself.train.rft_config import RFTConfig
 
-    dataset, data_path = sft
+    dataset, data_path = tiny_sft
     whole = train_rft(dataset, tiny, tmp_path / "whole", RFTConfig(**settings(tmp_path / "whole")))
     assert not list((tmp_path / "whole" / "checkpoints").glob("checkpoint-*"))  # removed once saved
 
@@ -136,13 +119,13 @@ def test_a_resumed_log_keeps_what_came_before_its_checkpoint_and_drops_a_torn_li
     assert [json.loads(line) for line in log.read_text().splitlines()] == records[:3]
 
 
-def test_runs_that_ask_for_step_or_epoch_checkpoints_keep_them_and_get_no_clock(tmp_path, tiny, sft):
+def test_runs_that_ask_for_step_or_epoch_checkpoints_keep_them_and_get_no_clock(tmp_path, tiny, tiny_sft):
     from toolself.train.rft import train_rft
     from toolself.train.rft_config import RFTConfig
 
     assert RFTConfig(output_dir="unused").checkpoint_minutes == 30
     config = RFTConfig(**{**settings(tmp_path), "max_steps": 4, "save_strategy": "steps", "save_steps": 2})
-    train_rft(sft[0], tiny, tmp_path, config)
+    train_rft(tiny_sft[0], tiny, tmp_path, config)
     # the run's own checkpoints stay, and the clock (due at every step here) added none at steps 1 and 3
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
 

@@ -26,17 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def sft(tiny):
-    from transformers import AutoTokenizer
-
-    from toolself.evals.teacher import scored_attempts
-    from toolself.tools.registry import default_pool
-    from toolself.train import data as D
-
-    pool = default_pool()
-    attempts = scored_attempts("builtin:research?hops=2", limit=2, noises=(0.0,), pool=pool)
-    dataset, _ = D.build_sft_dataset(attempts, D.Renderer(AutoTokenizer.from_pretrained(str(tiny)),
-                                                          D.tool_schemas(pool)), max_length=256)
+def sft(tiny_sft):
+    dataset = tiny_sft[0]
     lengths = sorted(range(len(dataset)), key=lambda i: len(dataset[i]["input_ids"]))
     return dataset.select([lengths[0], lengths[-1]])  # two sequences of different lengths: padding matters
 
