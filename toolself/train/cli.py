@@ -36,7 +36,9 @@ SEED = typer.Option(0, help="Seed of the built-in suites, of sampling and of tra
 CONCURRENCY = typer.Option(4, min=1, help="Attempts in flight during collection.")
 TIMEOUT = typer.Option(600.0, min=1, help="Wall-clock limit per attempt, in seconds.")
 RESUME = typer.Option(True, help="Rerunning the command resumes: the collection keeps its finished attempts, "
-                                 "training its last checkpoint in OUT/checkpoints.")
+                                 "training its last checkpoint in OUT/checkpoints, and a finished training is not "
+                                 "redone. A run with another base, data or settings in OUT is refused; --no-resume "
+                                 "trains from the start, replacing it.")
 BACKEND = typer.Option("local", help="Where collection attempts run: local | ray.")
 ADDRESS = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001).")
 RAY_CPUS = typer.Option(1.0, min=0.01, help="Ray CPUs each attempt holds.")
@@ -196,10 +198,9 @@ def _training_data(collection: Collection, trajectories: list[Path], model: str,
                    backend: tuple[str, Optional[str], float]) -> tuple[list[Any], Built, Path]:
     """`train rft` and `train kto` alike: collect with `model` (or take the given trajectories),
     render them with `build` (`steps.sft_data`, `steps.kto_data`), the tokenizer of the model
-    being `trained` and the text protocol of the collection's preset, save the data with the
-    preset's name; returns the trajectories, the `steps.Built` data and the trained model's
+    being `trained` and the text protocol of the collection's preset, noting the preset's name
+    in the data's info; returns the trajectories, the `steps.Built` data and the trained model's
     weights."""
-    from toolself.train.data import save_dataset
     from toolself.train.steps import load_sources
 
     if not collection.tasks and not trajectories:
@@ -216,9 +217,29 @@ def _training_data(collection: Collection, trajectories: list[Path], model: str,
     built = build(found, schemas, weights, max_length, _rendering(_run_preset(collection.preset)))
     built.info["preset"] = collection.preset
     _warn_truncated(built.build, max_length)
-    if _main_process():
-        save_dataset(built.dataset, out / "data", built.info)
     return found, built, weights
+
+
+def _train(step: Callable[..., Any], built: Built, base: Path, out: Path, config: Any, resume: bool) -> Any:
+    """Train, saving the data in OUT/data once the run is known to stand: not while a run that
+    is then refused still holds the folder."""
+    from toolself.train.data import save_dataset
+    from toolself.train.reruns import TrainingMismatch
+
+    def save_data() -> None:
+        if _main_process():
+            save_dataset(built.dataset, out / "data", built.info)
+
+    try:
+        return step(built.dataset, base, out, config, resume=resume, before_training=save_data)
+    except TrainingMismatch as exc:
+        _fail(str(exc))
+
+
+def _say_if_finished_earlier(result: Any, out: Path) -> None:
+    if result.extra.get("finished_earlier"):
+        console.print(f"{out} already holds this run's trained model (same base, data and settings): nothing "
+                      "to train; --no-resume trains it again", markup=False, highlight=False)
 
 
 def _collect(model: str, run_dir: Path, collection: Collection, backend: Any) -> None:
@@ -305,9 +326,10 @@ def rft(
         _fail("no successful trajectory: nothing to fine-tune on")
     config = RFTConfig(output_dir=str(out / "checkpoints"), max_length=max_length, seed=seed,
                        **dataclasses.asdict(training))
-    result, png = train_rft_step(dataset, student_path, out, config, resume=resume)
+    result, png = _train(train_rft_step, built, student_path, out, config, resume)
     if not _main_process():
         return
+    _say_if_finished_earlier(result, out)
     console.print(f"RFT done: {result.steps} steps, loss {result.train_loss:.4f}, {result.tokens_per_second} tokens/s")
     console.print(f"model: --model local:{out}   log: {result.log}   curves: {png}")
 
@@ -346,16 +368,16 @@ def kto(
                              timeout, context_budget, preset)
     _, built, _ = _training_data(collection, trajectories, f"local:{policy}", out, kto_data, f"local:{policy}",
                                  max_length, (backend, address, ray_cpus))
-    dataset = built.dataset
     _print_stats(f"KTO data from {built.build.trajectories} attempts", built.info)
     try:
         config = CATKTOConfig(output_dir=str(out / "checkpoints"), max_length=max_length, seed=seed,
                               **dataclasses.asdict(training))
     except ValueError as exc:
         _fail(str(exc))
-    result, png = train_kto_step(dataset, policy, out, config, resume=resume)
+    result, png = _train(train_kto_step, built, policy, out, config, resume)
     if not _main_process():
         return
+    _say_if_finished_earlier(result, out)
     console.print(f"KTO done: {result.steps} steps, loss {result.train_loss:.4f}, {result.tokens_per_second} tokens/s, "
                   f"weights {result.extra['weights']}")
     console.print(f"model: --model local:{out}   log: {result.log}   curves: {png}")

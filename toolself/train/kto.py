@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Callable
 
 from trl import KTOTrainer
 
 from toolself.train.data import kto_weights
 from toolself.train.kto_config import CATKTOConfig
-from toolself.train.rft import TrainResult, run_trainer
+from toolself.train.rft import TrainResult, finished_result, run_trainer
 
 logger = logging.getLogger(__name__)
 
@@ -39,13 +40,16 @@ class PretokenizedKTOTrainer(KTOTrainer):
 
 
 def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: CATKTOConfig | None = None,
-              log_path: str | Path | None = None, resume: bool = False) -> TrainResult:
+              log_path: str | Path | None = None, resume: bool = False,
+              replace_other: bool = False, before_training: Callable[[], None] | None = None) -> TrainResult:
     """Train a KTO adapter on top of `policy_path` (the RFT adapter or a full model) with
     `dataset` (prompt_ids / completion_ids / label), saved in `out_dir` with the merged
-    starting model in `out_dir/base` when the policy was an adapter."""
+    starting model in `out_dir/base` when the policy was an adapter. resume, replace_other,
+    before_training: as `train_rft`'s."""
     from toolself.train.kernels import use_kernels
     from toolself.train.lora import load_base
     from toolself.train.merge import prepare_base
+    from toolself.train.reruns import run_definition, start_point
     from toolself.train.trainlog import CountingCollator, JsonlLog
     from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
 
@@ -64,6 +68,14 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: CAT
         logger.warning("every decision has the same label (%d desirable of %d): KTO has one class to learn from",
                        desirable, len(dataset))
     log_path = Path(log_path) if log_path else out_dir / "train_log.jsonl"
+    trained = [c for c in ("prompt_ids", "completion_ids", "prompt", "completion", "label")
+               if c in (dataset.column_names or [])]
+    start = start_point(out_dir, config.output_dir, run_definition(config, policy_path, dataset, trained), resume,
+                        replace_other)
+    if before_training is not None:
+        before_training()
+    if start.finished is not None:
+        return finished_result(start.finished)
     from accelerate import PartialState
 
     with PartialState().main_process_first():  # one process merges; the others then find it
@@ -84,5 +96,5 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: CAT
                           "kernels": kernels.to_dict()})
     trainer = PretokenizedKTOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                                      data_collator=collator, peft_config=config.peft_config(model), callbacks=[log])
-    return run_trainer(trainer, collator, out_dir, log_path, len(dataset), resume,
+    return run_trainer(trainer, collator, out_dir, log_path, len(dataset), start.checkpoint,
                        extra={"weights": weights.to_dict(), "base": str(base), "kernels": kernels.to_dict()})

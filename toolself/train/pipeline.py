@@ -304,7 +304,9 @@ def _rft(step: Step) -> dict[str, Any]:
     s = step.settings
     config = RFTConfig(output_dir=str(step.rft_dir / "checkpoints"), max_length=s.max_length, seed=s.seed,
                        **s.rft.to_dict())
-    result, _ = train_rft_step(load_dataset_dir(step.out / "data" / "sft"), step.student(), step.rft_dir, config)
+    # the state refused changed settings unless forced: a forced change replaces the old run's checkpoint
+    result, _ = train_rft_step(load_dataset_dir(step.out / "data" / "sft"), step.student(), step.rft_dir, config,
+                               replace_other=True)
     return result.to_dict()
 
 
@@ -347,7 +349,8 @@ def _kto(step: Step) -> dict[str, Any]:
     s = step.settings
     config = CATKTOConfig(output_dir=str(step.kto_dir / "checkpoints"), max_length=s.max_length, seed=s.seed,
                           **s.kto.to_dict())
-    result, _ = train_kto_step(load_dataset_dir(step.out / "data" / "kto"), step.rft_dir, step.kto_dir, config)
+    result, _ = train_kto_step(load_dataset_dir(step.out / "data" / "kto"), step.rft_dir, step.kto_dir, config,
+                               replace_other=True)
     return result.to_dict()
 
 

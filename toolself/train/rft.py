@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from toolself.train.rft_config import RFTConfig
 
@@ -40,16 +40,21 @@ class TrainResult:
 
 
 def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTConfig | None = None,
-              log_path: str | Path | None = None, resume: bool = False) -> TrainResult:
+              log_path: str | Path | None = None, resume: bool = False,
+              replace_other: bool = False, before_training: Callable[[], None] | None = None) -> TrainResult:
     """Fine-tune `model_path` (a model directory; an adapter is merged first) on `dataset`
     (input_ids / labels) and save the adapter (or the full model) with its tokenizer in
-    `out_dir`, which then loads with `--model local:OUT_DIR`."""
+    `out_dir`, which then loads with `--model local:OUT_DIR`. resume: go on from where a run of
+    the same definition in `out_dir` stopped, or return its result if it finished (see
+    `reruns`); a run of another definition there is refused unless `replace_other`.
+    before_training: called once the run is known not to be refused (also when it had finished)."""
     from trl import SFTTrainer
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
     from toolself.train.kernels import use_kernels
     from toolself.train.lora import load_base
     from toolself.train.merge import prepare_base
+    from toolself.train.reruns import run_definition, start_point
     from toolself.train.trainlog import CountingCollator, JsonlLog
 
     if len(dataset) == 0:
@@ -59,12 +64,18 @@ def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTC
     if config.output_dir is None:
         config.output_dir = str(out_dir / "checkpoints")
     log_path = Path(log_path) if log_path else out_dir / "train_log.jsonl"
+    dataset = dataset.select_columns(["input_ids", "labels"])
+    start = start_point(out_dir, config.output_dir, run_definition(config, model_path, dataset, dataset.column_names),
+                        resume, replace_other)
+    if before_training is not None:
+        before_training()
+    if start.finished is not None:
+        return finished_result(start.finished)
     from accelerate import PartialState
 
     with PartialState().main_process_first():  # one process merges; the others then find it
         base = prepare_base(model_path, out_dir)
     model, tokenizer = load_base(base)
-    dataset = dataset.select_columns(["input_ids", "labels"])
     kernels = use_kernels(model, config, max(map(len, dataset["input_ids"])), config.padding_free,
                           length_grouped=config.length_grouped)
     collator = CountingCollator(DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id,
@@ -73,18 +84,25 @@ def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTC
                    extra={"examples": len(dataset), "base": str(base), "kernels": kernels.to_dict()})
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                          data_collator=collator, peft_config=config.peft_config(model), callbacks=[log])
-    return run_trainer(trainer, collator, out_dir, log_path, len(dataset), resume,
+    return run_trainer(trainer, collator, out_dir, log_path, len(dataset), start.checkpoint,
                        extra={"kernels": kernels.to_dict()})
 
 
-def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int, resume: bool,
+def finished_result(saved: dict[str, Any]) -> TrainResult:
+    """The result a finished run recorded, marked as such for whoever reports it."""
+    known = {f.name for f in fields(TrainResult)}
+    result = TrainResult(**{k: v for k, v in saved.items() if k in known})
+    result.extra["finished_earlier"] = True
+    return result
+
+
+def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int, checkpoint: Path | None,
                 extra: dict[str, Any] | None = None) -> TrainResult:
-    """Train (from the last checkpoint when resuming), save the model and its tokenizer, and
-    write `train_result.json`: the part RFT and KTO share."""
+    """Train (from `checkpoint`, when resuming), save the model and its tokenizer, and write
+    `train_result.json`: the part RFT and KTO share."""
     from accelerate import PartialState
 
-    from toolself.train.checkpoints import (TimedCheckpoints, last_complete_checkpoint, remove_checkpoints,
-                                            resumed_step, trim_log)
+    from toolself.train.checkpoints import TimedCheckpoints, remove_checkpoints, resumed_step, trim_log
     from toolself.train.compact_head import use_compact_head
     from toolself.train.compiled_layers import compile_decoder_layers, should_compile
     from toolself.train.frozen_layers import cache_frozen_layers
@@ -99,7 +117,6 @@ def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int,
     if timed:
         trainer.add_callback(TimedCheckpoints(args.checkpoint_minutes))
         args.save_total_limit = args.save_total_limit or 1
-    checkpoint = last_complete_checkpoint(args.output_dir) if resume else None
     start_step = resumed_step(checkpoint) if checkpoint is not None else 0
     if PartialState().is_main_process:
         if checkpoint is None:  # a fresh run: a fresh log

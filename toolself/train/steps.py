@@ -161,19 +161,25 @@ def kto_data(trajectories: list[Any], schemas: dict[str, Any] | None, weights: P
     return Built(dataset, build, D.kto_stats(dataset, build, kto_weights), kto_weights)
 
 
-def train_rft_step(dataset: Any, base: Path, out: Path, config: Any, resume: bool = True) -> tuple[Any, Path | None]:
+def train_rft_step(dataset: Any, base: Path, out: Path, config: Any, resume: bool = True,
+                   replace_other: bool = False, before_training: Callable[[], None] | None = None
+                   ) -> tuple[Any, Path | None]:
     """Fine-tune `base` on RFT data into `out`; returns the result and the curves' PNG."""
     from toolself.train.plots import plot_log
     from toolself.train.rft import train_rft
 
-    result = train_rft(dataset, base, out, config, resume=resume)
+    result = train_rft(dataset, base, out, config, resume=resume, replace_other=replace_other,
+                       before_training=before_training)
     return result, plot_log(result.log, out / "curves.png", "RFT")
 
 
-def train_kto_step(dataset: Any, policy: Path, out: Path, config: Any, resume: bool = True) -> tuple[Any, Path | None]:
+def train_kto_step(dataset: Any, policy: Path, out: Path, config: Any, resume: bool = True,
+                   replace_other: bool = False, before_training: Callable[[], None] | None = None
+                   ) -> tuple[Any, Path | None]:
     """KTO on top of `policy` into `out`; returns the result and the curves' PNG."""
     from toolself.train.kto import train_kto
     from toolself.train.plots import plot_log
 
-    result = train_kto(dataset, policy, out, config, resume=resume)
+    result = train_kto(dataset, policy, out, config, resume=resume, replace_other=replace_other,
+                       before_training=before_training)
     return result, plot_log(result.log, out / "curves.png", "KTO")

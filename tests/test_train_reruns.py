@@ -1,0 +1,183 @@
+"""Rerunning a training command: the same run is resumed or, once finished, not trained again;
+another run in the same folder is refused with what differs, or replaced when asked.
+
+The runs are real: RFT of a random-initialised tiny model on the expert teacher's trajectories,
+through `train_rft` and through the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("trl")
+pytest.importorskip("peft")
+
+from toolself.train import reruns as R  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def settings(out: Path, **changed) -> dict:
+    return {"output_dir": str(out / "checkpoints"), "max_steps": 2, "per_device_train_batch_size": 1,
+            "gradient_accumulation_steps": 1, "learning_rate": 1e-2, "compile_layers": False, "bf16": False,
+            "disable_tqdm": True, "lora_layers": 2, **changed}
+
+
+@pytest.fixture(scope="module")
+def finished(tiny, tiny_sft, tmp_path_factory):
+    """A finished RFT run's folder."""
+    from toolself.train.rft import train_rft
+    from toolself.train.rft_config import RFTConfig
+
+    out = tmp_path_factory.mktemp("finished")
+    train_rft(tiny_sft[0], tiny, out, RFTConfig(**settings(out)))
+    return out
+
+
+def snapshot(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
+
+def test_a_rerun_of_a_finished_run_returns_its_result_and_trains_nothing(finished, tiny, tiny_sft):
+    from toolself.train.rft import train_rft
+    from toolself.train.rft_config import RFTConfig
+
+    before = snapshot(finished)
+    again = train_rft(tiny_sft[0], tiny, finished, RFTConfig(**settings(finished)), resume=True)
+    assert again.extra["finished_earlier"]
+    assert {k: v for k, v in again.to_dict().items() if k != "extra"} == \
+        {k: v for k, v in json.loads(before[R.RESULT_FILE]).items() if k != "extra"}
+    assert snapshot(finished) == before  # adapter, log and result untouched
+
+
+def test_a_rerun_from_data_read_back_from_disk_is_the_same_run(finished, tiny, tiny_sft):
+    from datasets import load_from_disk
+
+    from toolself.train.rft import train_rft
+    from toolself.train.rft_config import RFTConfig
+
+    again = train_rft(load_from_disk(str(tiny_sft[1])), tiny, finished, RFTConfig(**settings(finished)), resume=True)
+    assert again.extra["finished_earlier"]
+
+
+def test_a_rerun_with_other_settings_is_refused_with_what_differs(finished, tiny, tiny_sft):
+    from toolself.train.rft import train_rft
+    from toolself.train.rft_config import RFTConfig
+
+    before = snapshot(finished)
+    with pytest.raises(R.TrainingMismatch, match=r"(?s)a model trained.*learning_rate: was 0.01, now 0.02"):
+        train_rft(tiny_sft[0], tiny, finished, RFTConfig(**settings(finished, learning_rate=2e-2)), resume=True)
+    assert snapshot(finished) == before
+
+
+def test_a_rerun_on_other_data_is_refused(finished, tiny, tiny_sft):
+    from toolself.train.rft import train_rft
+    from toolself.train.rft_config import RFTConfig
+
+    dataset = tiny_sft[0]
+    fewer = dataset.select(range(len(dataset) - 1))
+    with pytest.raises(R.TrainingMismatch, match=f"data: was {len(dataset)} examples, now {len(dataset) - 1}"):
+        train_rft(fewer, tiny, finished, RFTConfig(**settings(finished)), resume=True)
+
+
+def test_where_a_run_writes_logs_and_saves_is_not_part_of_what_it_trains(tiny_sft):
+    from toolself.train.rft_config import RFTConfig
+
+    one = RFTConfig(**settings(Path("a")))
+    other = RFTConfig(**settings(Path("b"), checkpoint_minutes=5, logging_steps=10, save_strategy="steps",
+                                 dataloader_num_workers=2, report_to="tensorboard"))
+    dataset = tiny_sft[0]
+    assert R.run_definition(one, "m", dataset, ["input_ids"]) == R.run_definition(other, "m", dataset, ["input_ids"])
+
+
+def test_the_data_digest_sees_one_changed_token():
+    from datasets import Dataset
+
+    rows = {"input_ids": [[1, 2, 3], [4, 5]], "labels": [[-100, 2, 3], [4, 5]]}
+    changed = {"input_ids": [[1, 2, 3], [4, 6]], "labels": rows["labels"]}
+    moved = {"input_ids": [[1, 2], [3, 4, 5]], "labels": [[-100, 2], [3, 4, 5]]}  # same tokens, other split
+    digest = R.data_digest(Dataset.from_dict(rows), ["input_ids", "labels"])
+    assert digest == R.data_digest(Dataset.from_dict(rows), ["input_ids", "labels"])
+    assert digest != R.data_digest(Dataset.from_dict(changed), ["input_ids", "labels"])
+    assert digest != R.data_digest(Dataset.from_dict(moved), ["input_ids", "labels"])
+
+
+def test_a_retrained_adapter_in_the_same_folder_is_another_base(tmp_path):
+    (tmp_path / "adapter_config.json").write_text("{}")
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"one")
+    first = R.base_identity(tmp_path)
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"two")
+    assert R.base_identity(tmp_path)["path"] == first["path"]
+    assert R.base_identity(tmp_path) != first
+
+
+def checkpoint(folder: Path, step: int) -> Path:
+    path = folder / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return path
+
+
+DEFINITION = {"base": {"path": "/m"}, "data": {"examples": 3, "digest": "d"}, "settings": {"learning_rate": 0.01}}
+OTHER = {**DEFINITION, "settings": {"learning_rate": 0.02}}
+
+
+def test_a_fresh_start_clears_the_old_runs_checkpoints_which_the_trainers_rotation_would_keep(tmp_path):
+    # the trainer keeps the highest-numbered checkpoints: a stale checkpoint-500 would outlive
+    # the new run's checkpoint-45, and a crash would then resume from it
+    checkpoint(tmp_path / "checkpoints", 500)
+    (tmp_path / R.RESULT_FILE).write_text("{}")
+    point = R.start_point(tmp_path, tmp_path / "checkpoints", DEFINITION, resume=False)
+    assert point == R.StartPoint()
+    assert not list((tmp_path / "checkpoints").iterdir()) and not (tmp_path / R.RESULT_FILE).exists()
+    assert json.loads((tmp_path / R.SETTINGS_FILE).read_text()) == DEFINITION
+
+
+def test_the_same_run_resumes_from_its_checkpoint(tmp_path):
+    (tmp_path / R.SETTINGS_FILE).write_text(json.dumps(DEFINITION))
+    latest = checkpoint(tmp_path / "checkpoints", 9)
+    assert R.start_point(tmp_path, tmp_path / "checkpoints", DEFINITION, resume=True) == R.StartPoint(checkpoint=latest)
+
+
+def test_a_checkpoint_of_another_run_is_refused_or_replaced_when_asked(tmp_path):
+    (tmp_path / R.SETTINGS_FILE).write_text(json.dumps(OTHER))
+    checkpoint(tmp_path / "checkpoints", 9)
+    with pytest.raises(R.TrainingMismatch, match=r"(?s)checkpoint-9.*learning_rate: was 0.02, now 0.01"):
+        R.start_point(tmp_path, tmp_path / "checkpoints", DEFINITION, resume=True)
+    assert R.start_point(tmp_path, tmp_path / "checkpoints", DEFINITION, resume=True,
+                         replace_other=True) == R.StartPoint()
+    assert not list((tmp_path / "checkpoints").iterdir())
+    assert json.loads((tmp_path / R.SETTINGS_FILE).read_text()) == DEFINITION
+
+
+def test_a_checkpoint_from_before_definitions_were_recorded_resumes_and_adopts_this_one(tmp_path):
+    latest = checkpoint(tmp_path / "checkpoints", 4)
+    assert R.start_point(tmp_path, tmp_path / "checkpoints", DEFINITION, resume=True) == R.StartPoint(checkpoint=latest)
+    assert json.loads((tmp_path / R.SETTINGS_FILE).read_text()) == DEFINITION
+
+
+def train_rft_command(tiny: Path, attempts: Path, out: Path, steps: int = 1) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "toolself", "train", "rft", "--trajectories", str(attempts),
+                           "--student", str(tiny), "--max-length", "256", "--out", str(out), "--max-steps", str(steps),
+                           "--batch-size", "1", "--grad-accum", "1", "--eager-layers"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+
+
+@pytest.mark.slow
+def test_train_rft_rerun_says_it_has_nothing_to_train_and_refuses_other_settings(tmp_path, tiny, tiny_attempts):
+    out, attempts = tmp_path / "rft", tiny_attempts[2]
+    first = train_rft_command(tiny, attempts, out)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = train_rft_command(tiny, attempts, out)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "already holds this run's trained model" in again.stdout and "RFT done: 1 steps" in again.stdout
+    other = train_rft_command(tiny, attempts, out, steps=2)
+    assert other.returncode == 2
+    assert "max_steps: was 1, now 2" in other.stderr and "--no-resume" in other.stderr

@@ -1,0 +1,164 @@
+"""What a rerun of a training command does with what an earlier run left in its folder.
+
+A training run is defined by its base model, its data and its settings, recorded in
+`OUT/train_settings.json` when it starts. A rerun under the same definition resumes from the
+last complete checkpoint, or, when the run had finished, returns its result without training
+again: an 8B model is hours of GPU. A rerun under another definition would resume from (or
+stand on) a model trained otherwise, so it is refused with what differs, unless the caller
+starts afresh (`--no-resume`) or has settled the change itself (the CAT pipeline, whose own
+state refuses changed settings unless forced). A fresh start removes what the old run left:
+a stale `checkpoint-500` would outlive the new run's `checkpoint-45` under the trainer's
+rotation, which keeps the highest step, and be resumed from after a crash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from toolself.train.checkpoints import last_complete_checkpoint, remove_checkpoints
+
+SETTINGS_FILE = "train_settings.json"
+RESULT_FILE = "train_result.json"
+
+# Fields that say where a run writes, how it logs and saves and how it feeds its data loader:
+# they may change between a run and its rerun without changing what is trained.
+NOT_TRAINING_FIELDS = frozenset({
+    "output_dir", "run_name", "report_to", "project", "disable_tqdm", "push_to_hub", "checkpoint_minutes",
+    "resume_from_checkpoint", "local_rank", "ddp_timeout", "skip_memory_metrics", "do_train", "do_eval",
+    "do_predict", "per_device_eval_batch_size", "prediction_loss_only", "batch_eval_metrics", "include_for_metrics",
+    "include_num_input_tokens_seen", "restore_callback_states_from_checkpoint", "debug", "bf16_full_eval",
+    "fp16_full_eval", "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
+    "dataloader_prefetch_factor", "dataloader_multiprocessing_context", "auto_batch_size",
+})
+NOT_TRAINING_PREFIXES = ("save_", "logging_", "log_", "eval_", "hub_", "trackio_")
+
+
+class TrainingMismatch(ValueError):
+    """The output folder holds a run with another base model, other data or other settings."""
+
+
+@dataclass
+class StartPoint:
+    """Where a run starts: the finished run's result (nothing to train), a checkpoint to resume
+    from, or neither (from step 0)."""
+
+    finished: dict[str, Any] | None = None
+    checkpoint: Path | None = None
+
+
+def run_definition(config: Any, base: str | Path, dataset: Any, columns: list[str]) -> dict[str, Any]:
+    """The base model, a digest of the trained `columns` of `dataset` and every setting that
+    changes what is trained, as JSON values."""
+    settings = {name: value for name, value in config.to_dict().items()
+                if name not in NOT_TRAINING_FIELDS and not name.startswith(NOT_TRAINING_PREFIXES)}
+    settings["world_size"] = config.world_size  # the effective batch counts every process
+    definition = {"base": base_identity(Path(base)), "data": {"examples": len(dataset),
+                                                             "digest": data_digest(dataset, columns)},
+                  "settings": settings}
+    return json.loads(json.dumps(definition, sort_keys=True, default=str))
+
+
+def base_identity(base: Path) -> dict[str, Any]:
+    """The base's resolved path, and for an adapter (a few MB) a digest of its files: a KTO run
+    stands on an RFT adapter that a rerun of RFT may replace in the same folder. A full model's
+    weights (16 GB for 8B) are known by their path."""
+    identity: dict[str, Any] = {"path": str(base.resolve())}
+    if (base / "adapter_config.json").is_file():
+        digest = hashlib.sha256()
+        for name in sorted(p.name for p in base.glob("adapter_model.*")) + ["adapter_config.json"]:
+            with open(base / name, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+        identity["adapter"] = digest.hexdigest()
+    return identity
+
+
+def data_digest(dataset: Any, columns: list[str]) -> str:
+    """SHA-256 of the columns' values, row by row in the dataset's order: the same whether the
+    dataset was built in memory or read back from disk in other chunks."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    digest = hashlib.sha256()
+    for batch in dataset.select_columns(columns).with_format("arrow").iter(batch_size=4096):
+        for name in columns:
+            column = batch.column(name).combine_chunks()
+            if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+                digest.update(np.asarray(pc.list_value_length(column).fill_null(-1), dtype=np.int64).tobytes())
+                digest.update(np.asarray(pc.list_flatten(column), dtype=np.int64).tobytes())
+            else:
+                digest.update(json.dumps(column.to_pylist()).encode())
+    return digest.hexdigest()
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    lines = []
+    if old.get("base") != new.get("base"):
+        was, now = old.get("base", {}), new.get("base", {})
+        lines.append(f"base model: was {was.get('path')}, now {now.get('path')}" if was.get("path") != now.get("path")
+                     else f"base model: the adapter in {now.get('path')} has changed")
+    if old.get("data") != new.get("data"):
+        was, now = old.get("data", {}), new.get("data", {})
+        lines.append(f"data: was {was.get('examples')} examples, now {now.get('examples')}"
+                     + ("" if was.get("examples") != now.get("examples") else ", with other contents"))
+    was, now = old.get("settings", {}), new.get("settings", {})
+    lines += [f"{name}: was {was.get(name)!r}, now {now.get(name)!r}"
+              for name in sorted(set(was) | set(now)) if was.get(name) != now.get(name)]
+    return lines
+
+
+def start_point(out_dir: Path, checkpoints: str | Path, definition: dict[str, Any], resume: bool,
+                replace_other: bool = False) -> StartPoint:
+    """Decide where the run in `out_dir` starts, and on a fresh start clear what an earlier
+    run left and record this one's definition. Every process decides from the same files
+    before the main one changes them, so all decide alike (or all raise). A resumed run from
+    before definitions were recorded adopts this one's."""
+    from accelerate import PartialState
+
+    state = PartialState()
+    point = _decide(out_dir, Path(checkpoints), definition, resume, replace_other)
+    state.wait_for_everyone()
+    if point.finished is None and state.is_main_process:
+        if point.checkpoint is None:
+            remove_checkpoints(checkpoints)
+            (out_dir / RESULT_FILE).unlink(missing_ok=True)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        staged = out_dir / (SETTINGS_FILE + ".new")
+        staged.write_text(json.dumps(definition, indent=2) + "\n", encoding="utf-8")
+        os.replace(staged, out_dir / SETTINGS_FILE)
+    state.wait_for_everyone()
+    return point
+
+
+def _decide(out_dir: Path, checkpoints: Path, definition: dict[str, Any], resume: bool,
+            replace_other: bool) -> StartPoint:
+    if not resume:
+        return StartPoint()
+    recorded = _read_json(out_dir / SETTINGS_FILE)
+    finished = _read_json(out_dir / RESULT_FILE)
+    checkpoint = last_complete_checkpoint(checkpoints)
+    if recorded == definition:
+        return StartPoint(finished=finished) if finished is not None else StartPoint(checkpoint=checkpoint)
+    if recorded is None:  # a run from before definitions were recorded: resume its checkpoint as before
+        return StartPoint(checkpoint=checkpoint)
+    if (finished is not None or checkpoint is not None) and not replace_other:
+        what = "a model trained" if finished is not None else f"a checkpoint ({checkpoint.name}) of a run"
+        raise TrainingMismatch(
+            f"{out_dir} holds {what} with another base model, other data or other settings:\n"
+            + "\n".join(f"  {line}" for line in differences(recorded, definition))
+            + "\nUse another --out folder, or --no-resume to train from the start in this one (replacing it).")
+    return StartPoint()
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
