@@ -90,6 +90,7 @@ def test_a_run_killed_mid_way_resumes_from_its_last_complete_checkpoint_and_ends
 
     resumed = train_rft(dataset, tiny, out, RFTConfig(**settings(out)), resume=True)
     assert resumed.extra["resumed_from_step"] == KILLED_AT - 1
+    assert resumed.extra["kernels"]["why"]["batch_size"] == "as the run being resumed had it: 1 x 1"
     assert resumed.steps == whole.steps == STEPS
     steps, losses = zip(*logged(out / "train_log.jsonl"))
     assert list(steps) == list(range(1, STEPS + 1))  # each step once: the killed run's step 5 was dropped

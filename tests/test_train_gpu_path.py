@@ -133,6 +133,19 @@ def test_the_micro_batch_grows_into_free_memory_and_the_effective_batch_stays():
     assert K.choose_batch(3, 4, longest=4096, free_bytes=25 * 2**30, per_token=per_token)[:2] == (6, 2)  # 6 fit
 
 
+def test_a_resumed_run_keeps_the_micro_batch_it_was_checkpointed_with_whatever_memory_is_free():
+    # the trainer skips the micro-batches already trained by count, and KTO pairs its KL
+    # completions within a micro-batch: another split would resume onto other sequences
+    args = SimpleNamespace(attn_implementation=None, bf16=False, fp16=False, use_liger_kernel=None, use_cpu=True,
+                           per_device_train_batch_size=2, gradient_accumulation_steps=4)
+    shape = SimpleNamespace(hidden_size=64, intermediate_size=128, num_hidden_layers=4)
+    choice = K.choose_kernels(args, shape, longest=128, padding_free=None, resumed_batch=8)
+    assert (choice.batch_size, choice.accumulation) == (8, 1)
+    assert choice.why["batch_size"] == "as the run being resumed had it: 8 x 1"
+    assert (K.choose_kernels(args, shape, longest=128, padding_free=None, resumed_batch=3).batch_size,
+            K.choose_kernels(args, shape, longest=128, padding_free=None).batch_size) == (2, 2)  # 3 cannot keep 8
+
+
 def test_checkpointing_needs_far_less_activation_memory_per_token():
     shape = SimpleNamespace(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36)
     assert K.activation_bytes_per_token(shape, True) * 10 < K.activation_bytes_per_token(shape, False)

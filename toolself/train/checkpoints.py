@@ -105,3 +105,11 @@ def trim_log(path: Path, step: int) -> None:
 
 def resumed_step(checkpoint: Path) -> int:
     return int(json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))["global_step"])
+
+
+def resumed_micro_batch(checkpoint: Path | None) -> int | None:
+    """The micro-batch (sequences per process and micro-step) the checkpoint's run trained with."""
+    if checkpoint is None:
+        return None
+    size = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8")).get("train_batch_size")
+    return int(size) if size else None

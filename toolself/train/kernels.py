@@ -150,9 +150,12 @@ def choose_batch(batch: int, accumulation: int, longest: int, free_bytes: int | 
 
 def choose_kernels(args: Any, model_config: Any, longest: int, padding_free: bool | None,
                    min_batch: int = 1, why_padding_free: str | None = None, length_grouped: bool | None = None,
-                   why_length_grouped: str | None = None) -> KernelChoice:
+                   why_length_grouped: str | None = None, resumed_batch: int | None = None) -> KernelChoice:
     """Decide every choice for a run with training arguments `args` (an RFT or KTO config) on
-    a model with `model_config`, whose longest sequence has `longest` tokens."""
+    a model with `model_config`, whose longest sequence has `longest` tokens. resumed_batch: the
+    micro-batch of the run being resumed, kept whatever memory is free now: the trainer skips the
+    batches it trained by count, and a micro-batch of one turns length grouping (the order of
+    the batches) off."""
     import torch
 
     on_cuda = torch.cuda.is_available() and not getattr(args, "use_cpu", False)
@@ -169,9 +172,14 @@ def choose_kernels(args: Any, model_config: Any, longest: int, padding_free: boo
     if on_cuda and getattr(args, "auto_batch_size", False):
         free = torch.cuda.mem_get_info()[0]
     checkpointing = bool(getattr(args, "gradient_checkpointing", False))
-    batch, steps, why_batch = choose_batch(args.per_device_train_batch_size, args.gradient_accumulation_steps,
-                                           longest, free, activation_bytes_per_token(model_config, checkpointing),
-                                           minimum=min_batch)
+    effective = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    if resumed_batch and effective % resumed_batch == 0:
+        batch, steps = resumed_batch, effective // resumed_batch
+        why_batch = f"as the run being resumed had it: {batch} x {steps}"
+    else:
+        batch, steps, why_batch = choose_batch(args.per_device_train_batch_size, args.gradient_accumulation_steps,
+                                               longest, free, activation_bytes_per_token(model_config, checkpointing),
+                                               minimum=min_batch)
     grouped, why_grouped = choose_length_grouping(length_grouped, packed, batch,
                                                   getattr(args, "train_sampling_strategy", "random"))
     return KernelChoice(attention, packed, liger, batch, steps, grouped,
@@ -181,12 +189,12 @@ def choose_kernels(args: Any, model_config: Any, longest: int, padding_free: boo
 
 def use_kernels(model: Any, args: Any, longest: int, padding_free: bool | None = None,
                 min_batch: int = 1, why_padding_free: str | None = None, length_grouped: bool | None = None,
-                why_length_grouped: str | None = None) -> KernelChoice:
+                why_length_grouped: str | None = None, resumed_batch: int | None = None) -> KernelChoice:
     """Choose, then set the choices on `model` and on `args` before the trainer is built, and log
     them. TRL's own padding-free flag is cleared: it refuses a custom collator, and ours (which
     counts tokens) flattens the batch itself when `choice.padding_free`."""
     choice = choose_kernels(args, model.config, longest, padding_free, min_batch, why_padding_free,
-                            length_grouped, why_length_grouped)
+                            length_grouped, why_length_grouped, resumed_batch)
     if choice.length_grouped:
         args.train_sampling_strategy = "group_by_length"
     if getattr(model.config, "_attn_implementation", None) != choice.attention:

@@ -46,6 +46,7 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: CAT
     `dataset` (prompt_ids / completion_ids / label), saved in `out_dir` with the merged
     starting model in `out_dir/base` when the policy was an adapter. resume, replace_other,
     before_training: as `train_rft`'s."""
+    from toolself.train.checkpoints import resumed_micro_batch
     from toolself.train.kernels import use_kernels
     from toolself.train.lora import load_base
     from toolself.train.merge import prepare_base
@@ -88,7 +89,8 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: CAT
                           why_padding_free="off: TRL's KTO collator pads (it has no padding-free form)",
                           length_grouped=False,
                           why_length_grouped="off: TRL's KTO trainer samples its decisions in order (each one's KL "
-                                             "completion is paired with it before training)")
+                                             "completion is paired with it before training)",
+                          resumed_batch=resumed_micro_batch(start.checkpoint))
     collator = CountingCollator(DataCollatorForUnpairedPreference(pad_token_id=tokenizer.pad_token_id,
                                                                   max_length=config.max_length))
     log = JsonlLog(log_path, collator, stage="kto",

@@ -51,6 +51,7 @@ def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTC
     from trl import SFTTrainer
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
+    from toolself.train.checkpoints import resumed_micro_batch
     from toolself.train.kernels import use_kernels
     from toolself.train.lora import load_base
     from toolself.train.merge import prepare_base
@@ -77,7 +78,7 @@ def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTC
         base = prepare_base(model_path, out_dir)
     model, tokenizer = load_base(base)
     kernels = use_kernels(model, config, max(map(len, dataset["input_ids"])), config.padding_free,
-                          length_grouped=config.length_grouped)
+                          length_grouped=config.length_grouped, resumed_batch=resumed_micro_batch(start.checkpoint))
     collator = CountingCollator(DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id,
                                                                 padding_free=kernels.padding_free))
     log = JsonlLog(log_path, collator, stage="rft",
