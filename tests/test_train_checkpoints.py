@@ -8,6 +8,7 @@ and the killed run is a process of its own, killed with SIGKILL in the middle of
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -159,3 +160,59 @@ def test_every_process_saves_when_the_first_one_is_due_and_none_when_it_is_not(f
     answers = [p.communicate(timeout=120) for p in processes]
     assert all(p.returncode == 0 for p in processes), [err[-1000:] for _, err in answers]
     assert [out.strip() for out, _ in answers] == [str(first_is_due)] * 2
+
+
+TWO_PROCESSES = textwrap.dedent(f"""
+    import os, runpy, signal, sys
+    from transformers import TrainerCallback
+    import toolself.train.rft as R
+
+    class Killed(TrainerCallback):
+        def on_log(self, args, state, control, **kwargs):
+            if state.global_step == {KILLED_AT} and os.environ.get("KILL") and os.environ["RANK"] == "0":
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    run_trainer = R.run_trainer
+    R.run_trainer = lambda trainer, *a, **k: (trainer.add_callback(Killed()), run_trainer(trainer, *a, **k))[1]
+    sys.argv = ["toolself"] + sys.argv[1:]
+    runpy.run_module("toolself", run_name="__main__")
+""")
+
+
+def train_rft_in_two_processes(tmp_path: Path, tiny: Path, attempts: Path, out: Path,
+                               kill: bool = False) -> subprocess.CompletedProcess:
+    script = tmp_path / "two_processes.py"
+    script.write_text(TWO_PROCESSES)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
+               "train", "rft", "--trajectories", str(attempts), "--student", str(tiny), "--out", str(out),
+               "--max-length", "256", "--max-steps", str(STEPS), "--batch-size", "1", "--grad-accum", "2",
+               "--eager-layers", "--checkpoint-minutes", "1e-9"]
+    env = {**os.environ, "COLUMNS": "200", **({"KILL": "1"} if kill else {})}
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+
+
+@pytest.mark.slow
+def test_two_processes_killed_mid_way_resume_together_and_end_as_if_never_stopped(tmp_path, tiny, tiny_attempts):
+    """The multi-GPU path (`accelerate launch` / torchrun, one process per GPU) on gloo: the
+    processes agree on when to save, resume from the same checkpoint and log each step once."""
+    attempts = tiny_attempts[2]
+    whole = train_rft_in_two_processes(tmp_path, tiny, attempts, tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    out = tmp_path / "killed"
+    killed = train_rft_in_two_processes(tmp_path, tiny, attempts, out, kill=True)
+    assert killed.returncode != 0 and not (out / "train_result.json").exists()
+    assert C.last_complete_checkpoint(out / "checkpoints") == out / "checkpoints" / f"checkpoint-{KILLED_AT - 1}"
+
+    resumed = train_rft_in_two_processes(tmp_path, tiny, attempts, out)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    result = json.loads((out / "train_result.json").read_text())
+    assert result["extra"]["resumed_from_step"] == KILLED_AT - 1 and result["steps"] == STEPS
+    steps, losses = zip(*logged(out / "train_log.jsonl"))
+    assert list(steps) == list(range(1, STEPS + 1))
+    assert list(losses) == pytest.approx([loss for _, loss in logged(tmp_path / "whole" / "train_log.jsonl")],
+                                         rel=1e-5)
+    final, expected = adapter(out), adapter(tmp_path / "whole")
+    assert all(final[name].allclose(expected[name], rtol=1e-4, atol=1e-6) for name in expected)
+
+    again = train_rft_in_two_processes(tmp_path, tiny, attempts, out)
+    assert again.returncode == 0 and "already holds this run's trained model" in again.stdout
