@@ -77,12 +77,18 @@ def last_complete_checkpoint(output_dir: str | Path) -> Path | None:
 
 def remove_checkpoints(output_dir: str | Path) -> None:
     """Every checkpoint folder in `output_dir`: once the final model is saved they only hold
-    disk (an 8B full fine-tune's optimizer state alone is ~64 GB)."""
+    disk (an 8B full fine-tune's optimizer state alone is ~64 GB). Then `output_dir` itself, if
+    all it holds is the model card the trainer writes beside its checkpoints."""
     folder = Path(output_dir)
-    if folder.is_dir():
-        for path in folder.iterdir():
-            if checkpoint_step(path) is not None:
-                shutil.rmtree(path, ignore_errors=True)
+    if not folder.is_dir():
+        return
+    for path in folder.iterdir():
+        if checkpoint_step(path) is not None:
+            shutil.rmtree(path, ignore_errors=True)
+    card = folder / "README.md"
+    if [p.name for p in folder.iterdir()] == [card.name] and "generated_from_trainer" in card.read_text(
+            errors="replace"):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def trim_log(path: Path, step: int) -> None:
