@@ -11,8 +11,8 @@
 # Optional: OUT (runs/cat-qwen3), SEED (0), FRAMES_TRAIN (300 questions for training, the rest
 # held out), CONCURRENCY (32), LAUNCH (a launcher for the two training commands, e.g.
 # "accelerate launch --config_file toolself/train/accelerate/zero2.yaml"), VLLM (vllm: the
-# command that serves the RFT and KTO adapters with --enable-lora; without it the adapters run
-# in toolself's own engine, `local:DIR`).
+# command that serves the RFT and KTO adapters with --enable-lora, one server at a time; without
+# it the adapters run in toolself's own engine, `local:DIR`), VLLM_PORT (8001, and the next).
 #
 # CAT_MINIATURE=1 runs the same steps on the built-in research suite with the expert teacher
 # and MODEL a tiny model directory (toolself.train.shapes), on a CPU: CI runs it so that this
@@ -40,7 +40,7 @@ if [ "${CAT_MINIATURE:-0}" = 1 ]; then
   EVAL_ARGS=(--limit 1 --max-stages 3 --max-steps 4 --timeout 300)
   RFT_ARGS=(--max-steps 1 --batch-size 2 --grad-accum 1 --max-length 512)
   KTO_ARGS=(--max-steps 1 --batch-size 2 --grad-accum 1 --max-length 512)
-  VLLM=""
+  VLLM=${VLLM:-}  # none: toolself's engine; CI passes a stand-in that serves as `vllm serve` does
 else
   TEACHER=${TEACHER:-}
   [ -n "$TEACHER" ] || die "set TEACHER=openai:NAME@URL, the teacher's OpenAI-compatible server (the paper: Qwen3-235B)"
@@ -63,31 +63,56 @@ else
   fi
 fi
 LAUNCH=${LAUNCH:-}
+PORT=${VLLM_PORT:-8001}  # the RFT server's; the KTO server's is the next one
 
 collect() {  # collect NAME MODEL TASKS SPLIT TEMPERATURE REPEATS
   $TOOLSELF eval --model "$2" --tasks "$3" --split "$4" --temperature "$5" --repeats "$6" --seed "$SEED" \
       --concurrency "$CONCURRENCY" "${EVAL_ARGS[@]}" --no-report --out "$OUT/$1"
 }
 
-# the vLLM servers this script started, stopped when it ends
-trap 'for f in "$OUT"/vllm-*.pid; do [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null; rm -f "$f"; done' EXIT
+# A vLLM server holds most of its GPU's memory (--gpu-memory-utilization, 0.9) for as long as it
+# runs: each one is stopped before the next server or a training step starts, and all of them
+# when this script ends. Each runs in a session of its own, so that stopping it stops the engine
+# processes it started too.
+trap 'for f in "$OUT"/vllm-*.pid; do [ -f "$f" ] && stop "$(basename "$f" .pid | sed s/^vllm-//)"; done' EXIT
 
-serve() {  # serve NAME BASE ADAPTER PORT: start vLLM with the adapter (once); print its model spec
+up() {  # up URL: whether an OpenAI-compatible server answers there
+  $PYTHON -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/models", timeout=5)' "$1" \
+      2>/dev/null
+}
+
+serve() {  # serve NAME BASE ADAPTER PORT: start vLLM with the adapter; print its model spec
   if [ -z "$VLLM" ]; then
     echo "local:$3"
     return
   fi
-  if [ ! -f "$OUT/vllm-$1.pid" ]; then
-    "$VLLM" serve "$2" --enable-lora --max-lora-rank 16 --lora-modules "$1=$3" --port "$4" \
-        >"$OUT/vllm-$1.log" 2>&1 &
+  local url="http://127.0.0.1:$4/v1"
+  if ! { [ -f "$OUT/vllm-$1.pid" ] && kill -0 "$(cat "$OUT/vllm-$1.pid")" 2>/dev/null; }; then
+    up "$url" && die "port $4 is taken by another server: stop it, or free the port"
+    setsid "$VLLM" serve "$2" --enable-lora --max-lora-rank 16 --lora-modules "$1=$3" --port "$4" \
+        >"$OUT/vllm-$1.log" 2>&1 </dev/null &
     echo $! >"$OUT/vllm-$1.pid"
   fi
   for _ in $(seq 600); do
-    curl -sf "http://127.0.0.1:$4/v1/models" >/dev/null && break
+    up "$url" && break
+    kill -0 "$(cat "$OUT/vllm-$1.pid")" 2>/dev/null || die "vLLM exited while starting: see $OUT/vllm-$1.log"
     sleep 2
   done
-  curl -sf "http://127.0.0.1:$4/v1/models" >/dev/null || die "vLLM did not come up on port $4: see $OUT/vllm-$1.log"
-  echo "openai:$1@http://127.0.0.1:$4/v1"
+  up "$url" || die "vLLM did not come up on port $4: see $OUT/vllm-$1.log"
+  echo "openai:$1@$url"
+}
+
+stop() {  # stop NAME: stop the server `serve NAME` started and wait until it has let go of its GPU
+  local f="$OUT/vllm-$1.pid" pid
+  [ -f "$f" ] || return 0
+  pid=$(cat "$f")
+  kill -TERM -- "-$pid" 2>/dev/null || true
+  for _ in $(seq 120); do
+    kill -0 -- "-$pid" 2>/dev/null || break
+    sleep 1
+  done
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  rm -f "$f"
 }
 
 mkdir -p "$OUT"
@@ -102,8 +127,9 @@ echo "== 2. RFT of $MODEL on the teacher's successes"
       --resume "${RFT_ARGS[@]}"
 
 echo "== 3. the RFT model: $REPEATS attempts per training task at temperature $TEMPERATURE"
-RFT=$(serve rft "$MODEL" "$OUT/rft" 8001)
+RFT=$(serve rft "$MODEL" "$OUT/rft" "$PORT")
 collect policy "$RFT" "$TRAIN_TASKS" "$TRAIN_SPLIT" "$TEMPERATURE" "$REPEATS"
+stop rft
 
 echo "== 4. trajectory-level KTO on the RFT model's attempts"
 [ -f "$OUT/kto/train_result.json" ] || \
@@ -111,11 +137,14 @@ echo "== 4. trajectory-level KTO on the RFT model's attempts"
       --resume "${KTO_ARGS[@]}"
 
 echo "== 5. student, RFT and KTO on the held-out questions (greedy)"
-KTO=$(serve kto "$OUT/kto/base" "$OUT/kto" 8002)
+RFT=$(serve rft "$MODEL" "$OUT/rft" "$PORT")
 STUDENT="local:$MODEL"
-[ -z "$VLLM" ] || STUDENT="openai:$MODEL@http://127.0.0.1:8001/v1"  # the RFT server's base model
+[ -z "$VLLM" ] || STUDENT="openai:$MODEL@http://127.0.0.1:$PORT/v1"  # the RFT server's base model
 collect eval/student "$STUDENT" "$TEST_TASKS" "$TEST_SPLIT" 0 1
 collect eval/rft "$RFT" "$TEST_TASKS" "$TEST_SPLIT" 0 1
+stop rft
+KTO=$(serve kto "$OUT/kto/base" "$OUT/kto" "$((PORT + 1))")
 collect eval/kto "$KTO" "$TEST_TASKS" "$TEST_SPLIT" 0 1
+stop kto
 $TOOLSELF report "$OUT/eval/student" "$OUT/eval/rft" "$OUT/eval/kto" --out "$OUT/report"
 echo "done: $OUT"

@@ -285,6 +285,42 @@ def test_the_qwen3_recipe_script_runs_end_to_end_in_miniature_and_redoes_a_step_
     assert (out / "kto" / "train_result.json").is_file() and (out / "kto" / "adapter_model.safetensors").stat().st_size
 
 
+@pytest.mark.slow
+def test_the_recipe_serves_the_adapters_with_vllm_one_server_at_a_time_and_none_while_training(tmp_path, tiny):
+    """A vLLM server holds ~90% of its GPU's memory while it runs: a server left up through KTO
+    would leave KTO without memory, and two at once would not start. The stand-in serves as
+    `vllm serve` does (tests/vllm_standin.py) and notes when each server ran."""
+    out, ledger = tmp_path / "run", tmp_path / "ledger.jsonl"
+    vllm = tmp_path / "vllm"
+    vllm.write_text(f"#!/bin/sh\nexec {sys.executable} {ROOT / 'tests' / 'vllm_standin.py'} \"$@\"\n")
+    vllm.chmod(0o755)
+    done = run_recipe({"CAT_MINIATURE": "1", "MODEL": str(tiny), "OUT": str(out), "VLLM": str(vllm),
+                       "VLLM_PORT": str(free_port()), "STANDIN_LEDGER": str(ledger)}, timeout=600)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    events = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert [(e["event"], e["names"][-1]) for e in events] == [("start", "rft"), ("stop", "rft"), ("start", "rft"),
+                                                             ("stop", "rft"), ("start", "kto"), ("stop", "kto")]
+    kto_began = json.loads((out / "kto" / "train_log.jsonl").read_text().splitlines()[0])["time"]
+    assert events[1]["time"] < kto_began < events[2]["time"]  # no server held the GPU while KTO trained
+    models = {name: json.loads((out / folder / "run.json").read_text())["identity"]["model"]
+              for name, folder in (("policy", "policy"), ("student", "eval/student"), ("rft", "eval/rft"),
+                                   ("kto", "eval/kto"))}
+    assert models["policy"].startswith("openai:rft@") and models["rft"].startswith("openai:rft@")
+    assert models["student"].startswith(f"openai:{tiny}@") and models["kto"].startswith("openai:kto@")
+    for name in ("student", "rft", "kto"):
+        summary = json.loads((out / "eval" / name / "summary.json").read_text())
+        assert summary  # each held-out evaluation ran through its server
+    assert not list(out.glob("vllm-*.pid"))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 FRAMES_ROWS = [("", "Prompt", "Answer", "wiki_links", "reasoning_types")] + [
     (str(i), f"Question {i}?", f"Answer {i}", "['https://en.wikipedia.org/wiki/X']", "Numerical reasoning")
     for i in range(10)]
