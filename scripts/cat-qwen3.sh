@@ -9,8 +9,9 @@
 #   FRAMES=data/frames/test.tsv scripts/cat-qwen3.sh
 #
 # Optional: OUT (runs/cat-qwen3), SEED (0), FRAMES_TRAIN (300 questions for training, the rest
-# held out), CONCURRENCY (32), LAUNCH (a launcher for the two training commands, e.g.
-# "accelerate launch --config_file toolself/train/accelerate/zero2.yaml"), VLLM (vllm: the
+# held out), CONCURRENCY (32), LAUNCH (a launcher for the two training commands, which runs
+# them as `$LAUNCH -m toolself train ...`: "accelerate launch --config_file CONFIG" with one of
+# toolself/train/accelerate/*.yaml, or "torchrun --nproc_per_node 8"), VLLM (vllm: the
 # command that serves the RFT and KTO adapters with --enable-lora, one server at a time; without
 # it the adapters run in toolself's own engine, `local:DIR`), VLLM_PORT (8001, and the next).
 #
@@ -64,6 +65,15 @@ else
 fi
 LAUNCH=${LAUNCH:-}
 PORT=${VLLM_PORT:-8001}  # the RFT server's; the KTO server's is the next one
+
+train() {  # train rft|kto ARGS...: in one process, or in the processes $LAUNCH starts (accelerate
+  # launch and torchrun run a module with -m; given a command name they would look for a file)
+  if [ -n "$LAUNCH" ]; then
+    $LAUNCH -m toolself train "$@"
+  else
+    $TOOLSELF train "$@"
+  fi
+}
 
 collect() {  # collect NAME MODEL TASKS SPLIT TEMPERATURE REPEATS
   $TOOLSELF eval --model "$2" --tasks "$3" --split "$4" --temperature "$5" --repeats "$6" --seed "$SEED" \
@@ -123,7 +133,7 @@ echo "== 2. RFT of $MODEL on the teacher's successes"
 # train_result.json is written after the whole model: a step killed before it trains again,
 # from its last checkpoint
 [ -f "$OUT/rft/train_result.json" ] || \
-  $LAUNCH $TOOLSELF train rft --trajectories "$OUT/teacher" --student "$MODEL" --out "$OUT/rft" --seed "$SEED" \
+  train rft --trajectories "$OUT/teacher" --student "$MODEL" --out "$OUT/rft" --seed "$SEED" \
       --resume "${RFT_ARGS[@]}"
 
 echo "== 3. the RFT model: $REPEATS attempts per training task at temperature $TEMPERATURE"
@@ -133,7 +143,7 @@ stop rft
 
 echo "== 4. trajectory-level KTO on the RFT model's attempts"
 [ -f "$OUT/kto/train_result.json" ] || \
-  $LAUNCH $TOOLSELF train kto --policy "$OUT/rft" --trajectories "$OUT/policy" --out "$OUT/kto" --seed "$SEED" \
+  train kto --policy "$OUT/rft" --trajectories "$OUT/policy" --out "$OUT/kto" --seed "$SEED" \
       --resume "${KTO_ARGS[@]}"
 
 echo "== 5. student, RFT and KTO on the held-out questions (greedy)"

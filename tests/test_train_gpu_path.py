@@ -286,17 +286,23 @@ def test_the_qwen3_recipe_script_runs_end_to_end_in_miniature_and_redoes_a_step_
 
 
 @pytest.mark.slow
-def test_the_recipe_serves_the_adapters_with_vllm_one_server_at_a_time_and_none_while_training(tmp_path, tiny):
-    """A vLLM server holds ~90% of its GPU's memory while it runs: a server left up through KTO
-    would leave KTO without memory, and two at once would not start. The stand-in serves as
-    `vllm serve` does (tests/vllm_standin.py) and notes when each server ran."""
+def test_the_recipe_trains_under_a_launcher_and_serves_with_vllm_one_server_at_a_time_never_while_training(
+        tmp_path, tiny):
+    """The script's GPU-node path in miniature. Training runs in two processes under torchrun
+    (LAUNCH), as under accelerate launch. A vLLM server holds ~90% of its GPU's memory while it
+    runs: a server left up through KTO would leave KTO without memory, and two at once would not
+    start. The stand-in serves as `vllm serve` does (tests/vllm_standin.py) and notes when each
+    server ran."""
     out, ledger = tmp_path / "run", tmp_path / "ledger.jsonl"
     vllm = tmp_path / "vllm"
     vllm.write_text(f"#!/bin/sh\nexec {sys.executable} {ROOT / 'tests' / 'vllm_standin.py'} \"$@\"\n")
     vllm.chmod(0o755)
+    launch = f"{sys.executable} -m torch.distributed.run --standalone --nproc_per_node 2"
     done = run_recipe({"CAT_MINIATURE": "1", "MODEL": str(tiny), "OUT": str(out), "VLLM": str(vllm),
-                       "VLLM_PORT": str(free_port()), "STANDIN_LEDGER": str(ledger)}, timeout=600)
+                       "VLLM_PORT": str(free_port()), "STANDIN_LEDGER": str(ledger), "LAUNCH": launch}, timeout=600)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    for stage in ("rft", "kto"):
+        assert json.loads((out / stage / "train_settings.json").read_text())["settings"]["world_size"] == 2
     events = [json.loads(line) for line in ledger.read_text().splitlines()]
     assert [(e["event"], e["names"][-1]) for e in events] == [("start", "rft"), ("stop", "rft"), ("start", "rft"),
                                                              ("stop", "rft"), ("start", "kto"), ("stop", "kto")]
