@@ -100,7 +100,7 @@ def linear_module_names(model: Any) -> list[str]:
 def accelerator_defaults(config: Any) -> None:
     """bf16 mixed precision where the hardware computes in it: a GPU that supports it, or a CPU
     with AVX512-BF16 / AMX (2x the fp32 throughput of the 135M model's training there); fp32
-    elsewhere. Gradient checkpointing stays on (TRL's default) except for single-sequence
+    elsewhere. Without a GPU, training is on the CPU (`use_cpu`). Gradient checkpointing stays on (TRL's default) except for single-sequence
     micro-batches on a CPU: there a padded batch's attention takes the math path and keeps a
     (heads x length x length) matrix per layer, while a lone unpadded sequence takes the
     memory-efficient path and recomputing the forward pass would cost a third of the step for
@@ -115,8 +115,11 @@ def accelerator_defaults(config: Any) -> None:
             config.bf16 = torch.cuda.is_bf16_supported() and not config.fp16
         else:
             config.bf16 = has_bfloat16_kernels() and not config.fp16
-    if not gpu and config.bf16:
-        config.use_cpu = True  # the Trainer's spelling of "bf16 autocast on the CPU is intended"
+    if not gpu:
+        # The Trainer's spelling of "train on the CPU": it allows bf16 autocast there, and it is
+        # what sets up a process group (gloo) when several processes are launched; without it
+        # each process of a `torchrun` on a machine without a GPU would train alone.
+        config.use_cpu = True
     if not gpu and config.per_device_train_batch_size == 1:
         # transformers 5.24 renamed the option; setting the old name there works but warns.
         name = "activation_checkpointing" if hasattr(config, "activation_checkpointing") else "gradient_checkpointing"
