@@ -21,6 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from http_fixtures import InFlight, serving
+from ports import free_port
 from toolself.cli import DEMO_ANSWER, app, demo_docs
 from toolself.models.scripted import ScriptedModel, call
 from toolself.serve import server
@@ -276,12 +277,6 @@ def test_the_serve_command_checks_its_tool_options_before_loading_a_model(tmp_pa
     text = " ".join(result.output.split())
     assert result.exit_code == 2, result.output
     assert "unknown key 'mcpservers'" in text and "tools.json" in text and "loading the model" not in text
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.slow  # a fresh interpreter importing the agent, openai and starlette: 3-8 s on 2 busy cores

@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("mcp")
 
+from ports import free_port  # noqa: E402
 from toolself.tools.base import ToolPool  # noqa: E402
 from toolself.tools.mcp import MCPError, MCPManager, MCPServerConfig, load_mcp_config  # noqa: E402
 
@@ -23,12 +24,6 @@ def stdio_tools():
     tools = manager.connect(MCPServerConfig("demo", command=[sys.executable, SERVER], timeout_s=2))
     yield {t.name: t for t in tools}
     manager.close()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

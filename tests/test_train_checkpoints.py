@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,6 +21,7 @@ pytest.importorskip("torch")
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
+from ports import free_port  # noqa: E402
 from toolself.train import checkpoints as C  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,12 +130,6 @@ def test_runs_that_ask_for_step_or_epoch_checkpoints_keep_them_and_get_no_clock(
     train_rft(tiny_sft[0], tiny, tmp_path, config)
     # the run's own checkpoints stay, and the clock (due at every step here) added none at steps 1 and 3
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 AGREEMENT = textwrap.dedent("""

@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
+from ports import free_port  # noqa: E402
 from toolself.train import kernels as K  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -317,14 +318,6 @@ def test_the_recipe_trains_under_a_launcher_and_serves_with_vllm_one_server_at_a
         summary = json.loads((out / "eval" / name / "summary.json").read_text())
         assert summary  # each held-out evaluation ran through its server
     assert not list(out.glob("vllm-*.pid"))
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 FRAMES_ROWS = [("", "Prompt", "Answer", "wiki_links", "reasoning_types")] + [
