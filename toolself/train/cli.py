@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -417,6 +418,10 @@ def cat_command(
     backend: str = typer.Option("local", help="Where collection attempts run: local | ray."),
     address: Optional[str] = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001)."),
     ray_cpus: float = typer.Option(1.0, help="Ray CPUs each attempt holds."),
+    vllm: Optional[str] = typer.Option(None, help="Serve the RFT and KTO adapters with this vLLM command (vllm) "
+                                                  "for the on-policy collection and the evaluations, one server "
+                                                  "at a time, none while training (default: toolself's engine)."),
+    vllm_port: int = typer.Option(8001, min=1, max=65535, help="Port of the --vllm server."),
     preset: Optional[str] = preset_option(),
     tool_options: ToolOptions = ToolOptions(),
 ) -> None:
@@ -425,6 +430,7 @@ def cat_command(
     the agent's settings, the sampling, the timeout and the tool-call protocol of every model the
     run loads, the tools and scorer of every attempt, and the protocol the data is rendered in."""
     from toolself.train.pipeline import CATSettings, PipelineMismatch, StepDied, run_cat
+    from toolself.train.served import AdapterServer, ServerError
 
     run_preset = _run_preset(preset)
     if run_preset is not None:
@@ -442,11 +448,18 @@ def cat_command(
         _fail(str(exc))
     _preflight(tool_options, [(s, "train", limit, seed) for s in settings.tasks]
                + [(s, "heldout", eval_limit, settings.eval_seed) for s in settings.eval_tasks or settings.tasks])
+    server = None
+    if vllm is not None:
+        if shutil.which(vllm) is None:
+            _fail(f"--vllm {vllm}: no such command")
+        if settings.rft.to_dict().get("full_finetune"):
+            _fail("--vllm serves LoRA adapters, and full_finetune trains none")
+        server = AdapterServer(vllm, vllm_port)
     try:
         results = run_cat(settings, out, force=force, stop_after=stop_after,
                           echo=lambda line: console.print(line, markup=False, highlight=False),
-                          backend=_backend(backend, address, ray_cpus), isolate=True)
-    except (PipelineMismatch, ValueError, FileNotFoundError, StepDied) as exc:
+                          backend=_backend(backend, address, ray_cpus), isolate=True, server=server)
+    except (PipelineMismatch, ValueError, FileNotFoundError, StepDied, ServerError) as exc:
         _fail(str(exc))
     if "evaluate" in results:
         console.print_json(json.dumps(results["evaluate"]))

@@ -32,6 +32,7 @@ from toolself.evals.runner import run_eval
 from toolself.models.spec import ModelSpec
 from toolself.tools.options import ToolOptions
 from toolself.train.data import load_dataset_dir, save_dataset
+from toolself.train.served import AdapterServer, stop_servers
 from toolself.train.settings import AgentOverrides, KTOOverrides, RFTOverrides
 from toolself.train.steps import (
     AttemptTools,
@@ -111,8 +112,10 @@ class CATSettings:
         return agent_budgets(self.student_model(), self.agent, self.run_preset())
 
     def model_options(self, model: str) -> dict[str, Any]:
-        """How every evaluated model loads: in the run's dtype, with the preset's options."""
-        return {"dtype": self.dtype, **preset_options(self.run_preset(), ModelSpec.parse(model))}
+        """How every evaluated model loads: in the run's dtype (a model in this process), with
+        the preset's options."""
+        spec = ModelSpec.parse(model)
+        return {**({"dtype": self.dtype} if spec.in_process else {}), **preset_options(self.run_preset(), spec)}
 
     def collection(self, samples: int, limit: int | None) -> Collection:
         return Collection(tasks=self.tasks, samples=samples, method=self.method, limit=limit,
@@ -210,11 +213,14 @@ def evaluate(settings: CATSettings, model: str, out: Path, backend: Any = "local
 
 
 def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_after: str | None = None,
-            echo: Callable[[str], None] = print, backend: Any = "local", isolate: bool = False) -> dict[str, Any]:
+            echo: Callable[[str], None] = print, backend: Any = "local", isolate: bool = False,
+            server: AdapterServer | None = None) -> dict[str, Any]:
     """Run (or resume) the pipeline; returns the state's step results. backend: where the
     collection and evaluation attempts run (`local`, `ray`, a runner Backend); not a setting of
     the results, so a run may resume on another backend. isolate: run each step in a process of
-    its own (see `isolated`), as the command line does, so that memory does not pile up over a run."""
+    its own (see `isolated`), as the command line does, so that memory does not pile up over a run.
+    server: serve the trained adapters with vLLM for the on-policy collection and the
+    evaluations (see `served`) instead of loading them in toolself's engine."""
     if stop_after is not None and stop_after not in STEPS:
         raise ValueError(f"unknown step {stop_after!r}; steps: {list(STEPS)}")
     out = Path(out)
@@ -225,28 +231,31 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
         raise PipelineMismatch(f"{out} holds a CAT run with other settings; use another folder or force")
     state.data["settings"] = wanted
     state.save()
-    for step in STEPS:
-        if state.done(step):
-            echo(f"[{step}] done earlier, skipped")
-        else:
-            echo(f"[{step}] running")
-            started = time.monotonic()
-            if isolate:
-                result = isolated(run_step, settings, out, step, print, backend)
+    try:
+        for step in STEPS:
+            if state.done(step):
+                echo(f"[{step}] done earlier, skipped")
             else:
-                result = run_step(settings, out, step, echo, backend)
-            seconds = time.monotonic() - started
-            state.finish(step, result, seconds)
-            echo(f"[{step}] finished in {seconds:.1f} s: {json.dumps(result, default=str)[:300]}")
-        if step == stop_after:
-            break
+                echo(f"[{step}] running")
+                started = time.monotonic()
+                if isolate:
+                    result = isolated(run_step, settings, out, step, print, backend, server)
+                else:
+                    result = run_step(settings, out, step, echo, backend, server)
+                seconds = time.monotonic() - started
+                state.finish(step, result, seconds)
+                echo(f"[{step}] finished in {seconds:.1f} s: {json.dumps(result, default=str)[:300]}")
+            if step == stop_after:
+                break
+    finally:
+        stop_servers(out)  # a step's process killed while its server ran leaves it running
     return {s: state.result(s) for s in STEPS if state.done(s)}
 
 
 def run_step(settings: CATSettings, out: Path, step: str, echo: Callable[[str], None] = print,
-             backend: Any = "local") -> dict[str, Any]:
+             backend: Any = "local", server: AdapterServer | None = None) -> dict[str, Any]:
     """One step's work on what the steps before it left in `out`; returns its result."""
-    return STEP_FUNCTIONS[step](Step(settings, Path(out), echo, backend))
+    return STEP_FUNCTIONS[step](Step(settings, Path(out), echo, backend, server))
 
 
 @dataclass
@@ -258,6 +267,7 @@ class Step:
     out: Path
     echo: Callable[[str], None] = print
     backend: Any = "local"
+    server: AdapterServer | None = None
 
     @property
     def rft_dir(self) -> Path:
@@ -313,7 +323,10 @@ def _rft(step: Step) -> dict[str, Any]:
 def _collect_policy(step: Step) -> dict[str, Any]:
     s = step.settings
     limit = s.policy_limit if s.policy_limit is not None else s.limit
-    return step.collect(f"local:{step.rft_dir}", "policy", s.policy_samples, limit)
+    if step.server is None:
+        return step.collect(f"local:{step.rft_dir}", "policy", s.policy_samples, limit)
+    with step.server.serving("rft", step.rft_dir, step.out) as served:
+        return step.collect(served.spec("rft"), "policy", s.policy_samples, limit)
 
 
 def _data_kto(step: Step) -> dict[str, Any]:
@@ -356,19 +369,34 @@ def _kto(step: Step) -> dict[str, Any]:
 
 def _evaluate(step: Step) -> dict[str, Any]:
     s, out = step.settings, step.out
-    models = {"student": student_spec(s), "rft": f"local:{step.rft_dir}", "kto": f"local:{step.kto_dir}"}
     results: dict[str, Any] = {}
-    for name in s.evaluate:
-        if name == "kto" and step.kto_skipped():
-            if "rft" in results:  # the same model: its records stand for both rows
-                shutil.rmtree(out / "eval" / name, ignore_errors=True)
-                shutil.copytree(out / "eval" / "rft", out / "eval" / name)
-                results[name] = results["rft"]
-                continue
-            models[name] = models["rft"]
-        summary = evaluate(s, models[name], out / "eval" / name, step.backend)
-        results[name] = summary.accuracy().get(s.method, {})
-    return results
+
+    def run(names: list[str], models: dict[str, str]) -> None:
+        for name in names:
+            if name == "kto" and step.kto_skipped():
+                if "rft" in results:  # the same model: its records stand for both rows
+                    shutil.rmtree(out / "eval" / name, ignore_errors=True)
+                    shutil.copytree(out / "eval" / "rft", out / "eval" / name)
+                    results[name] = results["rft"]
+                    continue
+                models = {**models, name: models["rft"]}
+            summary = evaluate(s, models[name], out / "eval" / name, step.backend)
+            results[name] = summary.accuracy().get(s.method, {})
+
+    if step.server is None:
+        run(list(s.evaluate), {"student": student_spec(s), "rft": f"local:{step.rft_dir}",
+                               "kto": f"local:{step.kto_dir}"})
+        return results
+    # served: the student (the base) and RFT by the RFT model's server (KTO too when it was
+    # skipped: the RFT model stands as KTO's), then KTO by a server of its own
+    by_rft = [n for n in s.evaluate if n != "kto" or step.kto_skipped()]
+    if by_rft:
+        with step.server.serving("rft", step.rft_dir, out) as served:
+            run(by_rft, {"student": served.spec(served.base), "rft": served.spec("rft")})
+    if "kto" in s.evaluate and not step.kto_skipped():
+        with step.server.serving("kto", step.kto_dir, out) as served:
+            run(["kto"], {"kto": served.spec("kto")})
+    return {name: results[name] for name in s.evaluate}
 
 
 STEP_FUNCTIONS: dict[str, Callable[[Step], dict[str, Any]]] = dict(zip(STEPS, (

@@ -1,0 +1,111 @@
+"""`train cat --vllm`: the pipeline's on-policy collection and evaluations reach the trained
+adapters through vLLM servers, one at a time, each stopped before the next starts.
+
+The servers are `tests/vllm_standin.py`: toolself's engine behind an OpenAI-compatible server
+that takes `vllm serve`'s arguments, routes by model name as vLLM does, and notes in a ledger
+when each server ran. The adapters are real LoRA adapters on a random-initialised tiny model.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from ports import free_port  # noqa: E402
+from toolself.train import served as S  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def vllm(tmp_path, monkeypatch) -> Path:
+    """An executable that runs as `vllm serve ...` would, with its ledger in tmp_path."""
+    command = tmp_path / "vllm"
+    command.write_text(f"#!/bin/sh\nexec {sys.executable} {ROOT / 'tests' / 'vllm_standin.py'} \"$@\"\n")
+    command.chmod(0o755)
+    monkeypatch.setenv("STANDIN_LEDGER", str(tmp_path / "ledger.jsonl"))
+    return command
+
+
+def ledger(tmp_path: Path) -> list[tuple[str, str]]:
+    return [(e["event"], e["names"][-1]) for e in map(json.loads, (tmp_path / "ledger.jsonl").read_text().splitlines())]
+
+
+def lora_adapter(base: Path, folder: Path, seed: int) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj"], init_lora_weights=False)).save_pretrained(
+        str(folder))
+    AutoTokenizer.from_pretrained(str(base)).save_pretrained(str(folder))
+
+
+@pytest.mark.slow
+def test_the_policy_collection_and_the_evaluations_go_through_one_server_at_a_time(tmp_path, tiny, vllm):
+    from toolself.train.merge import prepare_base
+    from toolself.train.pipeline import CATSettings, run_step
+
+    out = tmp_path / "cat"
+    lora_adapter(tiny, out / "rft", seed=1)
+    lora_adapter(prepare_base(out / "rft", out / "kto"), out / "kto", seed=2)  # KTO on the merged RFT model
+    settings = CATSettings(tasks=["builtin:research?hops=2"], student=str(tiny), limit=1, policy_samples=1,
+                           eval_limit=1, concurrency=1, timeout=300, max_length=512,
+                           agent={"max_stages": 2, "max_steps_per_stage": 2})
+    server = S.AdapterServer(str(vllm), free_port(), startup_seconds=120)
+
+    collected = run_step(settings, out, "collect_policy", server=server)
+    assert collected["attempts"] == 1
+    evaluated = run_step(settings, out, "evaluate", server=server)
+    assert set(evaluated) == {"student", "rft", "kto"}
+
+    assert ledger(tmp_path) == [("start", "rft"), ("stop", "rft"), ("start", "rft"), ("stop", "rft"),
+                                ("start", "kto"), ("stop", "kto")]
+    models = {name: json.loads((out / folder / "run.json").read_text())["identity"]["model"]
+              for name, folder in (("policy", "collect/policy"), ("student", "eval/student"), ("rft", "eval/rft"),
+                                   ("kto", "eval/kto"))}
+    assert models["policy"] == models["rft"] == f"openai:rft@{server.url}"
+    assert models["student"] == f"openai:{tiny}@{server.url}"  # the base, under its own name
+    assert models["kto"] == f"openai:kto@{server.url}"
+    assert not list(out.glob("vllm-*.pid")) and (out / "vllm-kto.log").is_file()
+
+
+def test_a_server_that_exits_while_starting_is_reported_with_its_log(tmp_path, tiny):
+    adapter = tmp_path / "rft"
+    lora_adapter(tiny, adapter, seed=1)
+    failing = tmp_path / "vllm"
+    failing.write_text("#!/bin/sh\necho 'CUDA out of memory' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    with pytest.raises(S.ServerError, match="exited while starting .exit code 1.: see .*vllm-rft.log"):
+        with S.AdapterServer(str(failing), free_port()).serving("rft", adapter, tmp_path):
+            pass
+    assert "CUDA out of memory" in (tmp_path / "vllm-rft.log").read_text()
+    assert not list(tmp_path.glob("vllm-*.pid"))
+
+
+def test_a_server_a_killed_step_left_running_is_stopped_before_the_next_starts(tmp_path):
+    import subprocess
+
+    left = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    (tmp_path / "vllm-rft.pid").write_text(str(left.pid))
+    S.stop_servers(tmp_path)
+    assert left.wait(timeout=10) == -15 and not list(tmp_path.glob("vllm-*.pid"))
+
+
+def test_train_cat_refuses_a_vllm_command_that_is_not_there(tmp_path):
+    from typer.testing import CliRunner
+
+    from toolself.cli import app
+
+    result = CliRunner().invoke(app, ["train", "cat", "-t", "builtin:research", "-o", str(tmp_path / "cat"),
+                                      "--vllm", str(tmp_path / "no-vllm")])
+    assert result.exit_code == 2 and "no such command" in result.output + result.stderr
+    assert not (tmp_path / "cat").exists()
