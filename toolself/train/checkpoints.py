@@ -20,6 +20,8 @@ from transformers import TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME as STATE_FILE  # what the trainer writes last into a checkpoint
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from toolself.evals.records import atomic_write_lines
+
 PREFIX = PREFIX_CHECKPOINT_DIR + "-"
 
 
@@ -104,18 +106,18 @@ def trim_log(path: Path, step: int) -> None:
             continue
         if record.get("step") is None or record["step"] <= step:
             kept.append(line)
-    trimmed = path.with_name(path.name + ".trimmed")
-    trimmed.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-    trimmed.replace(path)
+    atomic_write_lines(path, kept)
+
+
+def trainer_state(checkpoint: Path) -> dict[str, Any]:
+    return json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
 
 
 def resumed_step(checkpoint: Path) -> int:
-    return int(json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))["global_step"])
+    return int(trainer_state(checkpoint)["global_step"])
 
 
 def resumed_micro_batch(checkpoint: Path | None) -> int | None:
     """The micro-batch (sequences per process and micro-step) the checkpoint's run trained with."""
-    if checkpoint is None:
-        return None
-    size = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8")).get("train_batch_size")
+    size = trainer_state(checkpoint).get("train_batch_size") if checkpoint is not None else None
     return int(size) if size else None

@@ -80,18 +80,14 @@ def prepare_base(path: str | Path, out_dir: str | Path) -> Path:
     merged into `out_dir/base` (kept: a new adapter names it as its base). A merge is reused
     only for the adapter it was made from (`merged_from.json`): RFT retrained into the same
     folder leaves another adapter there, and KTO would otherwise start from the old one."""
-    from toolself.train.reruns import base_identity
+    from toolself.train.reruns import base_identity, read_json
 
     path = Path(path)
     if not (path / "adapter_config.json").is_file():
         return path
     target = Path(out_dir) / "base"
     source = base_identity(path)
-    try:
-        recorded = json.loads((target / MERGED_FROM).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        recorded = None
-    if recorded != source or not (target / "config.json").is_file():
+    if read_json(target / MERGED_FROM) != source or not (target / "config.json").is_file():
         shutil.rmtree(target, ignore_errors=True)
         merge_adapter(path, target)
         (target / MERGED_FROM).write_text(json.dumps(source, indent=2) + "\n", encoding="utf-8")

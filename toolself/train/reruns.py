@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from toolself.evals.records import atomic_write_text
 from toolself.train.checkpoints import last_complete_checkpoint, remove_checkpoints
 
 SETTINGS_FILE = "train_settings.json"
@@ -130,9 +130,7 @@ def start_point(out_dir: Path, checkpoints: str | Path, definition: dict[str, An
             remove_checkpoints(checkpoints)
             (out_dir / RESULT_FILE).unlink(missing_ok=True)
         out_dir.mkdir(parents=True, exist_ok=True)
-        staged = out_dir / (SETTINGS_FILE + ".new")
-        staged.write_text(json.dumps(definition, indent=2) + "\n", encoding="utf-8")
-        os.replace(staged, out_dir / SETTINGS_FILE)
+        atomic_write_text(out_dir / SETTINGS_FILE, json.dumps(definition, indent=2) + "\n")
     state.wait_for_everyone()
     return point
 
@@ -141,8 +139,8 @@ def _decide(out_dir: Path, checkpoints: Path, definition: dict[str, Any], resume
             replace_other: bool) -> StartPoint:
     if not resume:
         return StartPoint()
-    recorded = _read_json(out_dir / SETTINGS_FILE)
-    finished = _read_json(out_dir / RESULT_FILE)
+    recorded = read_json(out_dir / SETTINGS_FILE)
+    finished = read_json(out_dir / RESULT_FILE)
     checkpoint = last_complete_checkpoint(checkpoints)
     if recorded == definition:
         return StartPoint(finished=finished) if finished is not None else StartPoint(checkpoint=checkpoint)
@@ -157,7 +155,8 @@ def _decide(out_dir: Path, checkpoints: Path, definition: dict[str, Any], resume
     return StartPoint()
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in `path`; None when it is missing, torn or not an object."""
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
