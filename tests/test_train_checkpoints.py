@@ -38,20 +38,27 @@ def settings(out: Path) -> dict:
                 checkpoint_minutes=1e-9)
 
 
-KILLED_RUN = textwrap.dedent(f"""
-    import json, os, signal, sys
-    from datasets import load_from_disk
+# Prepended to a run's script: with KILL set, process 0 is SIGKILLed after it logs step
+# KILLED_AT, before it saves that step's checkpoint.
+KILLER = textwrap.dedent(f"""
+    import os, signal
     from transformers import TrainerCallback
     import toolself.train.rft as R
-    from toolself.train.rft_config import RFTConfig
 
     class Killed(TrainerCallback):
         def on_log(self, args, state, control, **kwargs):
-            if state.global_step == {KILLED_AT}:
+            if state.global_step == {KILLED_AT} and os.environ.get("KILL") and os.environ.get("RANK", "0") == "0":
                 os.kill(os.getpid(), signal.SIGKILL)
 
     run_trainer = R.run_trainer
     R.run_trainer = lambda trainer, *a, **k: (trainer.add_callback(Killed()), run_trainer(trainer, *a, **k))[1]
+""")
+
+KILLED_RUN = KILLER + textwrap.dedent("""
+    import json, sys
+    from datasets import load_from_disk
+    from toolself.train.rft_config import RFTConfig
+
     data, model, out, config = sys.argv[1:]
     R.train_rft(load_from_disk(data), model, out, RFTConfig(**json.loads(config)))
 """)
@@ -80,7 +87,8 @@ def test_a_run_killed_mid_way_resumes_from_its_last_complete_checkpoint_and_ends
 
     out = tmp_path / "killed"
     killed = subprocess.run([sys.executable, "-c", KILLED_RUN, str(data_path), str(tiny), str(out),
-                             json.dumps(settings(out))], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                             json.dumps(settings(out))], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "KILL": "1"})
     assert killed.returncode == -9, killed.stderr[-2000:]
     checkpoints = out / "checkpoints"
     assert [p.name for p in checkpoints.glob("checkpoint-*")] == [f"checkpoint-{KILLED_AT - 1}"]
@@ -156,18 +164,9 @@ def test_every_process_saves_when_the_first_one_is_due_and_none_when_it_is_not(f
     assert [out.strip() for out, _ in answers] == [str(first_is_due)] * 2
 
 
-TWO_PROCESSES = textwrap.dedent(f"""
-    import os, runpy, signal, sys
-    from transformers import TrainerCallback
-    import toolself.train.rft as R
+TWO_PROCESSES = KILLER + textwrap.dedent("""
+    import runpy, sys
 
-    class Killed(TrainerCallback):
-        def on_log(self, args, state, control, **kwargs):
-            if state.global_step == {KILLED_AT} and os.environ.get("KILL") and os.environ["RANK"] == "0":
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    run_trainer = R.run_trainer
-    R.run_trainer = lambda trainer, *a, **k: (trainer.add_callback(Killed()), run_trainer(trainer, *a, **k))[1]
     sys.argv = ["toolself"] + sys.argv[1:]
     runpy.run_module("toolself", run_name="__main__")
 """)

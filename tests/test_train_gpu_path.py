@@ -21,6 +21,7 @@ pytest.importorskip("trl")
 pytest.importorskip("peft")
 
 from ports import free_port  # noqa: E402
+from vllm_standin import standin_executable  # noqa: E402
 from toolself.train import kernels as K  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -295,9 +296,7 @@ def test_the_recipe_trains_under_a_launcher_and_serves_with_vllm_one_server_at_a
     start. The stand-in serves as `vllm serve` does (tests/vllm_standin.py) and notes when each
     server ran."""
     out, ledger = tmp_path / "run", tmp_path / "ledger.jsonl"
-    vllm = tmp_path / "vllm"
-    vllm.write_text(f"#!/bin/sh\nexec {sys.executable} {ROOT / 'tests' / 'vllm_standin.py'} \"$@\"\n")
-    vllm.chmod(0o755)
+    vllm = standin_executable(tmp_path)
     launch = f"{sys.executable} -m torch.distributed.run --standalone --nproc_per_node 2"
     done = run_recipe({"CAT_MINIATURE": "1", "MODEL": str(tiny), "OUT": str(out), "VLLM": str(vllm),
                        "VLLM_PORT": str(free_port()), "STANDIN_LEDGER": str(ledger), "LAUNCH": launch}, timeout=600)

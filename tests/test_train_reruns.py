@@ -19,6 +19,7 @@ pytest.importorskip("torch")
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
+from lora_adapters import random_lora_adapter  # noqa: E402
 from toolself.train import reruns as R  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,18 +184,6 @@ def test_train_rft_rerun_says_it_has_nothing_to_train_and_refuses_other_settings
     assert "max_steps: was 1, now 2" in other.stderr and "--no-resume" in other.stderr
 
 
-def lora_adapter(tiny: Path, folder: Path, seed: int) -> None:
-    """A LoRA adapter on `tiny` with random (non-zero) weights: a different model for each seed."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.float32)
-    get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False)).save_pretrained(
-        str(folder))
-
-
 def merged_q_proj(base: Path):
     from safetensors.torch import load_file
 
@@ -208,13 +197,13 @@ def test_kto_starts_from_a_merge_of_the_rft_adapter_now_in_its_folder_not_of_the
     from toolself.train.merge import prepare_base
 
     rft, out = tmp_path / "rft", tmp_path / "kto"
-    lora_adapter(tiny, rft, seed=1)
+    random_lora_adapter(tiny, rft, seed=1)
     base = prepare_base(rft, out)
     first, made = merged_q_proj(base), (base / "config.json").stat().st_mtime_ns
     assert prepare_base(rft, out) == base and (base / "config.json").stat().st_mtime_ns == made  # reused
 
-    lora_adapter(tiny, rft, seed=2)  # RFT trained again into the same folder
+    random_lora_adapter(tiny, rft, seed=2)  # RFT trained again into the same folder
     assert prepare_base(rft, out) == base
     assert not merged_q_proj(base).equal(first)
-    lora_adapter(tiny, tmp_path / "fresh", seed=2)
+    random_lora_adapter(tiny, tmp_path / "fresh", seed=2)
     assert merged_q_proj(base).equal(merged_q_proj(prepare_base(tmp_path / "fresh", tmp_path / "other")))

@@ -9,7 +9,6 @@ when each server ran. The adapters are real LoRA adapters on a random-initialise
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,36 +16,21 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
+from lora_adapters import random_lora_adapter  # noqa: E402
 from ports import free_port  # noqa: E402
+from vllm_standin import standin_executable  # noqa: E402
 from toolself.train import served as S  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def vllm(tmp_path, monkeypatch) -> Path:
     """An executable that runs as `vllm serve ...` would, with its ledger in tmp_path."""
-    command = tmp_path / "vllm"
-    command.write_text(f"#!/bin/sh\nexec {sys.executable} {ROOT / 'tests' / 'vllm_standin.py'} \"$@\"\n")
-    command.chmod(0o755)
     monkeypatch.setenv("STANDIN_LEDGER", str(tmp_path / "ledger.jsonl"))
-    return command
+    return standin_executable(tmp_path)
 
 
 def ledger(tmp_path: Path) -> list[tuple[str, str]]:
     return [(e["event"], e["names"][-1]) for e in map(json.loads, (tmp_path / "ledger.jsonl").read_text().splitlines())]
-
-
-def lora_adapter(base: Path, folder: Path, seed: int) -> None:
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
-    get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj"], init_lora_weights=False)).save_pretrained(
-        str(folder))
-    AutoTokenizer.from_pretrained(str(base)).save_pretrained(str(folder))
 
 
 @pytest.mark.slow
@@ -55,8 +39,8 @@ def test_the_policy_collection_and_the_evaluations_go_through_one_server_at_a_ti
     from toolself.train.pipeline import CATSettings, run_step
 
     out = tmp_path / "cat"
-    lora_adapter(tiny, out / "rft", seed=1)
-    lora_adapter(prepare_base(out / "rft", out / "kto"), out / "kto", seed=2)  # KTO on the merged RFT model
+    random_lora_adapter(tiny, out / "rft", seed=1)
+    random_lora_adapter(prepare_base(out / "rft", out / "kto"), out / "kto", seed=2)  # KTO on the merged RFT model
     settings = CATSettings(tasks=["builtin:research?hops=2"], student=str(tiny), limit=1, policy_samples=1,
                            eval_limit=1, concurrency=1, timeout=300, max_length=512,
                            agent={"max_stages": 2, "max_steps_per_stage": 2})
@@ -80,7 +64,7 @@ def test_the_policy_collection_and_the_evaluations_go_through_one_server_at_a_ti
 
 def test_a_server_that_exits_while_starting_is_reported_with_its_log(tmp_path, tiny):
     adapter = tmp_path / "rft"
-    lora_adapter(tiny, adapter, seed=1)
+    random_lora_adapter(tiny, adapter, seed=1)
     failing = tmp_path / "vllm"
     failing.write_text("#!/bin/sh\necho 'CUDA out of memory' >&2\nexit 1\n")
     failing.chmod(0o755)

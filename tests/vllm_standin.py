@@ -22,6 +22,14 @@ import time
 from pathlib import Path
 
 
+def standin_executable(folder: Path) -> Path:
+    """`folder/vllm`: a command that runs this stand-in as `vllm` runs (`vllm serve ...`)."""
+    command = folder / "vllm"
+    command.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).resolve()} \"$@\"\n")
+    command.chmod(0o755)
+    return command
+
+
 def check_adapter(name: str, path: Path, max_rank: int) -> str | None:
     config_file = path / "adapter_config.json"
     if not config_file.is_file() or not (path / "adapter_model.safetensors").is_file():
