@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -162,6 +163,55 @@ def test_a_checkpoint_from_before_definitions_were_recorded_resumes_and_adopts_t
     latest = checkpoint(tmp_path / "checkpoints", 4)
     assert R.start_point(tmp_path, tmp_path / "checkpoints", DEFINITION, resume=True) == R.StartPoint(checkpoint=latest)
     assert json.loads((tmp_path / R.SETTINGS_FILE).read_text()) == DEFINITION
+
+
+def test_a_checkpoint_made_under_other_compute_settings_is_the_same_run_and_says_what_changed(tmp_path):
+    # bf16 on the node the run started on; the node it resumes on computes in fp32
+    made = {**DEFINITION, "compute": {"bf16": True, "attn_implementation": None}}
+    now = {**DEFINITION, "compute": {"bf16": False, "attn_implementation": None}}
+    (tmp_path / R.SETTINGS_FILE).write_text(json.dumps(made))
+    latest = checkpoint(tmp_path / "checkpoints", 9)
+    point = R.start_point(tmp_path, tmp_path / "checkpoints", now, resume=True)
+    assert point == R.StartPoint(checkpoint=latest, compute_changes=["bf16: was True, now False"])
+    assert json.loads((tmp_path / R.SETTINGS_FILE).read_text()) == now
+
+
+def test_a_definition_recorded_with_its_compute_among_its_settings_is_read_as_one_kept_apart(tmp_path):
+    recorded = {**DEFINITION, "settings": {**DEFINITION["settings"], "bf16": True, "use_cpu": True}}
+    (tmp_path / R.SETTINGS_FILE).write_text(json.dumps(recorded))
+    (tmp_path / R.RESULT_FILE).write_text(json.dumps({"steps": 3}))
+    now = {**DEFINITION, "compute": {"bf16": False, "use_cpu": True}}
+    assert R.start_point(tmp_path, tmp_path / "checkpoints", now, resume=True) == R.StartPoint(finished={"steps": 3})
+
+
+def test_precision_and_kernels_are_kept_apart_from_what_a_run_trains(tiny_sft):
+    from toolself.train.rft_config import RFTConfig
+
+    plain = R.run_definition(RFTConfig(**settings(Path("a"))), "m", tiny_sft[0], ["input_ids"])
+    other = R.run_definition(RFTConfig(**settings(Path("a"), bf16=True, attn_implementation="eager",
+                                                  cache_frozen_layers=False)), "m", tiny_sft[0], ["input_ids"])
+    assert R.defining(plain) == R.defining(other)
+    assert R.changed(plain["compute"], other["compute"]) == [
+        "attn_implementation: was None, now 'eager'", "bf16: was False, now True",
+        "cache_frozen_layers: was True, now False"]
+
+
+@pytest.mark.slow
+def test_a_run_checkpointed_in_bf16_resumes_in_fp32_from_its_checkpoint(tmp_path, tiny, tiny_sft):
+    from toolself.train.rft import train_rft
+    from toolself.train.rft_config import RFTConfig
+
+    steps = {"max_steps": 3, "save_strategy": "steps", "save_steps": 1}
+    first = train_rft(tiny_sft[0], tiny, tmp_path, RFTConfig(**settings(tmp_path, bf16=True, **steps)))
+    assert first.steps == 3
+    # as a run killed while saving its last step leaves it
+    shutil.rmtree(tmp_path / "checkpoints" / "checkpoint-3")
+    (tmp_path / R.RESULT_FILE).unlink()
+    resumed = train_rft(tiny_sft[0], tiny, tmp_path, RFTConfig(**settings(tmp_path, bf16=False, **steps)),
+                        resume=True)
+    assert resumed.extra["resumed_from_step"] == 2 and resumed.steps == 3
+    assert resumed.extra["resumed_with_other_compute"] == ["bf16: was True, now False"]
+    assert json.loads((tmp_path / R.SETTINGS_FILE).read_text())["compute"]["bf16"] is False
 
 
 def train_rft_command(tiny: Path, attempts: Path, out: Path, steps: int = 1) -> subprocess.CompletedProcess:

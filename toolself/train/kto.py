@@ -98,5 +98,5 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: CAT
                           "kernels": kernels.to_dict()})
     trainer = PretokenizedKTOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                                      data_collator=collator, peft_config=config.peft_config(model), callbacks=[log])
-    return run_trainer(trainer, collator, out_dir, log_path, len(dataset), start.checkpoint,
+    return run_trainer(trainer, collator, out_dir, log_path, len(dataset), start,
                        extra={"weights": weights.to_dict(), "base": str(base), "kernels": kernels.to_dict()})

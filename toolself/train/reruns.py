@@ -1,7 +1,11 @@
 """What a rerun of a training command does with what an earlier run left in its folder.
 
 A training run is defined by its base model, its data and its settings, recorded in
-`OUT/train_settings.json` when it starts. A rerun under the same definition resumes from the
+`OUT/train_settings.json` when it starts. How it computes (precision, recomputation, kernels,
+the device) is recorded too but defines nothing: those follow the hardware by default, so a run
+resumed on another machine (a GPU without bf16, a node without flash-attn or Liger, a CPU
+without AVX512-BF16) goes on under the new machine's choices, which change roundings and speed
+but not what is trained, and says what changed. A rerun under the same definition resumes from the
 last complete checkpoint, or, when the run had finished, returns its result without training
 again: an 8B model is hours of GPU. A rerun under another definition would resume from (or
 stand on) a model trained otherwise, so it is refused with what differs, unless the caller
@@ -15,12 +19,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from toolself.evals.records import atomic_write_text
 from toolself.train.checkpoints import last_complete_checkpoint, remove_checkpoints
+
+logger = logging.getLogger(__name__)
 
 SETTINGS_FILE = "train_settings.json"
 RESULT_FILE = "train_result.json"
@@ -36,6 +43,15 @@ NOT_TRAINING_FIELDS = frozenset({
     "dataloader_prefetch_factor", "dataloader_multiprocessing_context", "auto_batch_size",
 })
 NOT_TRAINING_PREFIXES = ("save_", "logging_", "log_", "eval_", "hub_", "trackio_")
+# Fields that say how a run computes on its device; most are chosen from the hardware when left
+# unset (`lora.accelerator_defaults`, `kernels.choose_kernels`).
+COMPUTE_FIELDS = frozenset({
+    "bf16", "fp16", "tf32", "use_cpu", "gradient_checkpointing", "gradient_checkpointing_kwargs",
+    "activation_checkpointing", "activation_checkpointing_kwargs", "activation_offloading", "torch_compile",
+    "torch_compile_backend", "torch_compile_mode", "use_liger_kernel", "liger_kernel_config", "attn_implementation",
+    "padding_free", "compile_layers", "cache_frozen_layers", "torch_empty_cache_steps", "use_cache",
+    "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers", "ddp_static_graph", "ddp_backend",
+})
 
 
 class TrainingMismatch(ValueError):
@@ -45,22 +61,37 @@ class TrainingMismatch(ValueError):
 @dataclass
 class StartPoint:
     """Where a run starts: the finished run's result (nothing to train), a checkpoint to resume
-    from, or neither (from step 0)."""
+    from, or neither (from step 0); a resumed run's compute settings that differ from those it
+    was checkpointed under (`bf16: was True, now False`)."""
 
     finished: dict[str, Any] | None = None
     checkpoint: Path | None = None
+    compute_changes: list[str] = field(default_factory=list)
 
 
 def run_definition(config: Any, base: str | Path, dataset: Any, columns: list[str]) -> dict[str, Any]:
-    """The base model, a digest of the trained `columns` of `dataset` and every setting that
-    changes what is trained, as JSON values."""
-    settings = {name: value for name, value in config.to_dict().items()
-                if name not in NOT_TRAINING_FIELDS and not name.startswith(NOT_TRAINING_PREFIXES)}
+    """The base model, a digest of the trained `columns` of `dataset`, every setting that
+    changes what is trained, and apart from them how the run computes, as JSON values."""
+    kept = {name: value for name, value in config.to_dict().items()
+            if name not in NOT_TRAINING_FIELDS and not name.startswith(NOT_TRAINING_PREFIXES)}
+    settings = {name: value for name, value in kept.items() if name not in COMPUTE_FIELDS}
     settings["world_size"] = config.world_size  # the effective batch counts every process
     definition = {"base": base_identity(Path(base)), "data": {"examples": len(dataset),
                                                              "digest": data_digest(dataset, columns)},
-                  "settings": settings}
+                  "settings": settings, "compute": {name: kept[name] for name in COMPUTE_FIELDS & set(kept)}}
     return json.loads(json.dumps(definition, sort_keys=True, default=str))
+
+
+def defining(definition: dict[str, Any]) -> dict[str, Any]:
+    """What of a recorded definition a rerun must match: all but how it computes (which runs
+    recorded before it was kept apart hold among their settings)."""
+    settings = {k: v for k, v in definition.get("settings", {}).items() if k not in COMPUTE_FIELDS}
+    return {**{k: v for k, v in definition.items() if k != "compute"}, "settings": settings}
+
+
+def compute_of(definition: dict[str, Any]) -> dict[str, Any]:
+    return {**{k: v for k, v in definition.get("settings", {}).items() if k in COMPUTE_FIELDS},
+            **definition.get("compute", {})}
 
 
 def base_identity(base: Path) -> dict[str, Any]:
@@ -109,9 +140,12 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         lines.append(f"data: was {was.get('examples')} examples, now {now.get('examples')}"
                      + ("" if was.get("examples") != now.get("examples") else ", with other contents"))
     was, now = old.get("settings", {}), new.get("settings", {})
-    lines += [f"{name}: was {was.get(name)!r}, now {now.get(name)!r}"
-              for name in sorted(set(was) | set(now)) if was.get(name) != now.get(name)]
-    return lines
+    return lines + changed(was, now)
+
+
+def changed(was: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    return [f"{name}: was {was.get(name)!r}, now {now.get(name)!r}"
+            for name in sorted(set(was) | set(now)) if was.get(name) != now.get(name)]
 
 
 def start_point(out_dir: Path, checkpoints: str | Path, definition: dict[str, Any], resume: bool,
@@ -125,6 +159,9 @@ def start_point(out_dir: Path, checkpoints: str | Path, definition: dict[str, An
     state = PartialState()
     point = _decide(out_dir, Path(checkpoints), definition, resume, replace_other)
     state.wait_for_everyone()
+    if point.compute_changes and state.is_main_process:
+        logger.warning("resuming %s from %s under other compute settings (%s): the same run, rounded and timed "
+                       "as this machine computes", out_dir, point.checkpoint, "; ".join(point.compute_changes))
     if point.finished is None and state.is_main_process:
         if point.checkpoint is None:
             remove_checkpoints(checkpoints)
@@ -142,15 +179,18 @@ def _decide(out_dir: Path, checkpoints: Path, definition: dict[str, Any], resume
     recorded = read_json(out_dir / SETTINGS_FILE)
     finished = read_json(out_dir / RESULT_FILE)
     checkpoint = last_complete_checkpoint(checkpoints)
-    if recorded == definition:
-        return StartPoint(finished=finished) if finished is not None else StartPoint(checkpoint=checkpoint)
+    if recorded is not None and defining(recorded) == defining(definition):
+        if finished is not None:
+            return StartPoint(finished=finished)
+        changes = changed(compute_of(recorded), compute_of(definition)) if checkpoint is not None else []
+        return StartPoint(checkpoint=checkpoint, compute_changes=changes)
     if recorded is None:  # a run from before definitions were recorded: resume its checkpoint as before
         return StartPoint(checkpoint=checkpoint)
     if (finished is not None or checkpoint is not None) and not replace_other:
         what = "a model trained" if finished is not None else f"a checkpoint ({checkpoint.name}) of a run"
         raise TrainingMismatch(
             f"{out_dir} holds {what} with another base model, other data or other settings:\n"
-            + "\n".join(f"  {line}" for line in differences(recorded, definition))
+            + "\n".join(f"  {line}" for line in differences(defining(recorded), defining(definition)))
             + "\nUse another --out folder, or --no-resume to train from the start in this one (replacing it).")
     return StartPoint()
 

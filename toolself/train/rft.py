@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
+from toolself.train.reruns import StartPoint
 from toolself.train.rft_config import RFTConfig
 
 logger = logging.getLogger(__name__)
@@ -85,8 +86,7 @@ def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTC
                    extra={"examples": len(dataset), "base": str(base), "kernels": kernels.to_dict()})
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                          data_collator=collator, peft_config=config.peft_config(model), callbacks=[log])
-    return run_trainer(trainer, collator, out_dir, log_path, len(dataset), start.checkpoint,
-                       extra={"kernels": kernels.to_dict()})
+    return run_trainer(trainer, collator, out_dir, log_path, len(dataset), start, extra={"kernels": kernels.to_dict()})
 
 
 def finished_result(saved: dict[str, Any]) -> TrainResult:
@@ -97,10 +97,10 @@ def finished_result(saved: dict[str, Any]) -> TrainResult:
     return result
 
 
-def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int, checkpoint: Path | None,
+def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int, start: StartPoint,
                 extra: dict[str, Any] | None = None) -> TrainResult:
-    """Train (from `checkpoint`, when resuming), save the model and its tokenizer, and write
-    `train_result.json`: the part RFT and KTO share."""
+    """Train (from `start`'s checkpoint, when resuming), save the model and its tokenizer, and
+    write `train_result.json`: the part RFT and KTO share."""
     from accelerate import PartialState
 
     from toolself.train.checkpoints import TimedCheckpoints, remove_checkpoints, resumed_step, trim_log
@@ -108,7 +108,7 @@ def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int,
     from toolself.train.compiled_layers import compile_decoder_layers, should_compile
     from toolself.train.frozen_layers import cache_frozen_layers
 
-    args = trainer.args
+    args, checkpoint = trainer.args, start.checkpoint
     use_compact_head(trainer.model)
     compiled, why = should_compile(getattr(args, "compile_layers", False), on_gpu=args.device.type != "cpu")
     if compiled:
@@ -138,6 +138,8 @@ def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int,
         result.extra["compiled_layers"] = why
         if start_step:  # tokens and seconds count from there
             result.extra["resumed_from_step"] = start_step
+        if start.compute_changes:
+            result.extra["resumed_with_other_compute"] = start.compute_changes
         if collator.kl_tokens:  # counted during training: KTO's mismatched pairs
             result.extra["kl_tokens"] = collator.kl_tokens
         elif collator.slots:  # RFT: how much of its batches was sequence, not padding
