@@ -2,7 +2,7 @@
 
 import pytest
 
-from toolself.models.spec import SERVED_MODEL, SMALL_MODEL, ModelSpec, model_defaults, runs_in_process
+from toolself.models.spec import SERVED_MODEL, SMALL_MODEL, ModelSpec, model_defaults, runs_in_process, served_name
 from toolself.train.pipeline import CATSettings, agent_overrides, student_spec
 
 SERVED = "openai:Qwen/Qwen3-8B@http://127.0.0.1:8000/v1"
@@ -66,3 +66,12 @@ def test_a_directory_without_weights_cannot_be_trained_from(tmp_path):
 def test_the_expert_cannot_be_loaded_as_one_model():
     with pytest.raises(ValueError, match="teacher per task"):
         ModelSpec.parse("expert").load()
+
+
+def test_a_served_model_is_known_by_its_name_not_by_where_it_is_served():
+    assert served_name("openai:Qwen/Qwen3-8B@http://127.0.0.1:8000/v1") == "openai:Qwen/Qwen3-8B"
+    assert served_name("openai:m@http://127.0.0.1:8001/v1#4,http://127.0.0.1:8002/v1") == "openai:m"
+    assert served_name("openai:me@example@https://127.0.0.1/v1") == "openai:me@example"
+    assert served_name("openai:m") == "openai:m"  # served where OPENAI_BASE_URL says
+    assert served_name("local:/runs/rft") == "local:/runs/rft"
+    assert ModelSpec.parse("openai:m@http://127.0.0.1:8000/v1").identity == "openai:m"

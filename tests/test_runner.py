@@ -132,6 +132,44 @@ def test_a_rerun_with_other_settings_refuses_unless_forced(tmp_path):
     assert len(saved["commands"]) == 2 and saved["identity"]["timeout"] == 60
 
 
+def test_a_served_model_resumes_on_a_restarted_server_at_another_address(tmp_path):
+    from http_fixtures import serving
+
+    spec = write_tasks(tmp_path / "tasks.jsonl", 3)
+    with serving(ScriptedModel([], default=policy)) as first:
+        run(tmp_path, spec, model=f"openai:doubler@{first}", methods=("toolself",), limit=2)
+    with serving(ScriptedModel([], default=policy)) as second:  # the same model, on another port
+        summary = run(tmp_path, spec, model=f"openai:doubler@{second}", methods=("toolself",))
+    assert (summary.skipped, summary.ran) == (2, 1)
+    saved = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert saved["identity"]["model"] == "openai:doubler"
+    assert [c["served_at"] for c in saved["commands"]] == [{"model": f"openai:doubler@{first}"},
+                                                           {"model": f"openai:doubler@{second}"}]
+
+
+def test_another_served_model_is_refused_wherever_it_is_served(tmp_path):
+    from http_fixtures import serving
+
+    spec = write_tasks(tmp_path / "tasks.jsonl", 1)
+    with serving(ScriptedModel([], default=policy)) as url:
+        run(tmp_path, spec, model=f"openai:doubler@{url}", methods=("toolself",))
+        with pytest.raises(SettingsMismatch, match="model: was 'openai:doubler', now 'openai:tripler'"):
+            run(tmp_path, spec, model=f"openai:tripler@{url}", methods=("toolself",))
+
+
+def test_a_run_recorded_with_its_servers_address_resumes_elsewhere(tmp_path):
+    from http_fixtures import serving
+
+    spec = write_tasks(tmp_path / "tasks.jsonl", 2)
+    with serving(ScriptedModel([], default=policy)) as first:
+        run(tmp_path, spec, model=f"openai:doubler@{first}", methods=("toolself",), limit=1)
+    saved = json.loads((tmp_path / "out" / "run.json").read_text())
+    saved["identity"]["model"] = f"openai:doubler@{first}"  # as runs recorded it before names alone
+    (tmp_path / "out" / "run.json").write_text(json.dumps(saved))
+    with serving(ScriptedModel([], default=policy)) as second:
+        assert run(tmp_path, spec, model=f"openai:doubler@{second}", methods=("toolself",)).ran == 1
+
+
 def test_a_second_runner_on_the_same_folder_is_refused_while_the_first_holds_it(tmp_path):
     import fcntl
 

@@ -308,7 +308,7 @@ def test_the_recipe_trains_under_a_launcher_and_serves_with_vllm_one_server_at_a
                                                              ("stop", "rft"), ("start", "kto"), ("stop", "kto")]
     kto_began = json.loads((out / "kto" / "train_log.jsonl").read_text().splitlines()[0])["time"]
     assert events[1]["time"] < kto_began < events[2]["time"]  # no server held the GPU while KTO trained
-    models = {name: json.loads((out / folder / "run.json").read_text())["identity"]["model"]
+    models = {name: json.loads((out / folder / "run.json").read_text())["last_command"]["served_at"]["model"]
               for name, folder in (("policy", "policy"), ("student", "eval/student"), ("rft", "eval/rft"),
                                    ("kto", "eval/kto"))}
     assert models["policy"].startswith("openai:rft@") and models["rft"].startswith("openai:rft@")

@@ -191,7 +191,7 @@ def test_precision_and_kernels_are_kept_apart_from_what_a_run_trains(tiny_sft):
     other = R.run_definition(RFTConfig(**settings(Path("a"), bf16=True, attn_implementation="eager",
                                                   cache_frozen_layers=False)), "m", tiny_sft[0], ["input_ids"])
     assert R.defining(plain) == R.defining(other)
-    assert R.changed(plain["compute"], other["compute"]) == [
+    assert R.changed_settings(plain["compute"], other["compute"]) == [
         "attn_implementation: was None, now 'eager'", "bf16: was False, now True",
         "cache_frozen_layers: was True, now False"]
 

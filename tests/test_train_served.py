@@ -53,7 +53,7 @@ def test_the_policy_collection_and_the_evaluations_go_through_one_server_at_a_ti
 
     assert ledger(tmp_path) == [("start", "rft"), ("stop", "rft"), ("start", "rft"), ("stop", "rft"),
                                 ("start", "kto"), ("stop", "kto")]
-    models = {name: json.loads((out / folder / "run.json").read_text())["identity"]["model"]
+    models = {name: json.loads((out / folder / "run.json").read_text())["last_command"]["served_at"]["model"]
               for name, folder in (("policy", "collect/policy"), ("student", "eval/student"), ("rft", "eval/rft"),
                                    ("kto", "eval/kto"))}
     assert models["policy"] == models["rft"] == f"openai:rft@{server.url}"

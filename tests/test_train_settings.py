@@ -161,6 +161,37 @@ def test_a_run_made_without_the_preset_refuses_to_resume_with_it(tmp_path):
         run_cat(replace(plain, preset="paper"), tmp_path, echo=lambda line: None)
 
 
+def finished_run(out, settings: CATSettings) -> None:
+    state = State(out)
+    state.data = {"settings": settings.to_dict(), "steps": {s: {"done": True, "result": {}} for s in STEPS}}
+    state.save()
+
+
+def served_run(teacher_port: int, judge_port: int, search_port: int, **changed) -> CATSettings:
+    from toolself.tools.options import ToolOptions
+
+    tools = ToolOptions.from_dict({"judge": f"openai:judge@http://127.0.0.1:{judge_port}/v1",
+                                   "web": {"search": "searxng", "search_url": f"http://127.0.0.1:{search_port}"}})
+    teacher = f"openai:teacher@http://127.0.0.1:{teacher_port}/v1"
+    return CATSettings(**{"tasks": ["builtin:research"], "teacher": teacher, "tools": tools.to_dict(), **changed})
+
+
+def test_a_run_resumes_with_its_teacher_judge_and_search_served_at_other_addresses(tmp_path):
+    finished_run(tmp_path, served_run(8000, 8001, 8888))
+    lines: list[str] = []
+    run_cat(served_run(9000, 9001, 9888), tmp_path, echo=lines.append)  # a job resumed on another node
+    assert lines == [f"[{step}] done earlier, skipped" for step in STEPS]
+    assert State(tmp_path).data["settings"]["teacher"] == "openai:teacher@http://127.0.0.1:9000/v1"
+
+
+def test_a_run_with_another_teacher_is_refused_naming_what_differs(tmp_path):
+    finished_run(tmp_path, served_run(8000, 8001, 8888))
+    with pytest.raises(PipelineMismatch, match=r"(?s)teacher: was 'openai:teacher', now 'openai:other'.*"
+                                               r"temperature: was 0.7, now 0.9"):
+        run_cat(served_run(8000, 8001, 8888, teacher="openai:other@http://127.0.0.1:8000/v1", temperature=0.9),
+                tmp_path, echo=lambda line: None)
+
+
 def test_the_presets_settings_sit_between_the_students_budgets_and_the_users():
     settings = CATSettings(tasks=["builtin:research"], preset="paper", agent={"max_stages": 4})
     layered = agent_overrides(settings)

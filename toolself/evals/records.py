@@ -195,6 +195,19 @@ def private_run_folder(out: Path) -> None:
         os.chmod(entry, 0o700 if entry.is_dir() else 0o600)
 
 
+def changed_settings(was: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
+    """What differs between two recorded settings, one line each (`rft.learning_rate: was
+    0.0002, now 0.0001`), nested records by their dotted names: what a refused rerun names."""
+    lines = []
+    for name in sorted(set(was) | set(now)):
+        old, new = was.get(name), now.get(name)
+        if isinstance(old, dict) and isinstance(new, dict) and old and new:
+            lines += changed_settings(old, new, f"{prefix}{name}.")
+        elif old != new:
+            lines.append(f"{prefix}{name}: was {old!r}, now {new!r}")
+    return lines
+
+
 def atomic_write_lines(path: Path, lines: Iterable[str]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with _private_open(tmp) as f:

@@ -52,13 +52,14 @@ from toolself.evals.records import (
     AttemptRecord,
     MethodStore,
     atomic_write_text,
+    changed_settings,
     private_run_folder,
     safe_name,
 )
 from toolself.evals.report import RUN_FILE, Table, aggregate
 from toolself.evals.suites.common import suite_key_id
 from toolself.models.base import ChatModel
-from toolself.models.spec import ModelSpec
+from toolself.models.spec import ModelSpec, served_name
 from toolself.tools.base import ToolPool
 from toolself.trajectory import Trajectory
 from toolself.variants import settings_for
@@ -137,16 +138,23 @@ class EvalRun:
         return AttemptModels(self.model, self.config_model, self.judge, self.model_options)
 
     def identity(self) -> dict[str, Any]:
-        # the built-in suites' key decides which tasks an id names (see `suites.common`)
+        # the built-in suites' key decides which tasks an id names (see `suites.common`); a served
+        # model is known by its name, not its server's address (`spec.served_name`)
         return {"model": _name(self.model), "config_model": _name(self.config_model), "judge": _name(self.judge),
                 "split": self.split, "seed": self.seed, "suite_key": suite_key_id(), "timeout": self.timeout,
                 "freeze": list(self.freeze), "settings": {k: self.agent[k] for k in sorted(self.agent)},
                 "model_options": {k: self.model_options[k] for k in sorted(self.model_options)}}
 
+    def addresses(self) -> dict[str, str]:
+        """Where each served model of the run was reached, for the record of a command."""
+        return {role: model.text for role, model in (("model", self.model), ("config_model", self.config_model),
+                                                     ("judge", self.judge))
+                if isinstance(model, ModelSpec) and model.identity != model.text}
+
 
 def _name(model: Any) -> str | None:
     if model is None or isinstance(model, ModelSpec):
-        return None if model is None else str(model)
+        return None if model is None else model.identity
     inner = getattr(model, "model", None)
     return getattr(model, "name", None) or getattr(inner, "name", None) or type(model).__name__
 
@@ -156,19 +164,24 @@ def _check_run_file(out: Path, identity: dict[str, Any], command: dict[str, Any]
     data: dict[str, Any] = {"format": RUN_FORMAT, "identity": identity, "commands": []}
     if path.exists():
         existing = json.loads(path.read_text(encoding="utf-8"))
-        old = existing.get("identity", {})
-        differ = sorted(k for k in set(old) | set(identity) if old.get(k) != identity.get(k))
+        old = _without_addresses(existing.get("identity", {}))
+        differ = changed_settings(old, identity)
         if differ and not force:
-            lines = [f"  {k}: was {old.get(k)!r}, now {identity.get(k)!r}" for k in differ]
-            raise SettingsMismatch(
-                f"{out} holds results made under other settings; rerunning would mix them:\n" + "\n".join(lines)
-                + "\nUse another --out folder, or --force to add to it anyway.")
+            raise SettingsMismatch(f"{out} holds results made under other settings; rerunning would mix them:\n"
+                                   + "\n".join(f"  {line}" for line in differ)
+                                   + "\nUse another --out folder, or --force to add to it anyway.")
         data["commands"] = list(existing.get("commands", []))
         if differ:
-            data["forced_over"] = existing.get("forced_over", []) + [old]
+            data["forced_over"] = existing.get("forced_over", []) + [existing.get("identity", {})]
     data["commands"].append({**command, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     data["last_command"] = command
     atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def _without_addresses(identity: dict[str, Any]) -> dict[str, Any]:
+    """An identity as recorded before models were known by their served names."""
+    return {k: served_name(v) if k in ("model", "config_model", "judge") and isinstance(v, str) else v
+            for k, v in identity.items()}
 
 
 def run_eval(
@@ -240,7 +253,7 @@ def evaluate(tasks: Sequence[str], methods: Sequence[str], run: EvalRun, out: Pa
 
     identity = run.identity()
     command = {"tasks": list(tasks), "methods": list(methods), "limit": limit, "repeats": repeats,
-               "concurrency": concurrency, **identity}
+               "concurrency": concurrency, **identity, **({"served_at": run.addresses()} if run.addresses() else {})}
     private_run_folder(out)
     lock = _single_writer(out)
     try:

@@ -87,6 +87,12 @@ class ModelSpec:
         return self.text
 
     @property
+    def identity(self) -> str:
+        """What a run's records know the model by: the spec without where it is served (see
+        `served_name`)."""
+        return served_name(self.text)
+
+    @property
     def in_process(self) -> bool:
         """Whether this process loads the weights itself (and so samples with its own seed)."""
         return self.kind in ("embedded", "shipped", "local")
@@ -140,6 +146,16 @@ class ModelSpec:
                 return RoundRobinModel.from_spec(self.text, **options)
             return parse_model_spec(self.text, **options)
         raise ValueError("`expert` is a teacher per task of the built-in suites; the evaluation runner builds it")
+
+
+def served_name(spec: str) -> str:
+    """`openai:NAME@URL[,URL...]` as `openai:NAME`; any other spec as it is. A server's address
+    is where a model runs, not which model it is: a job resumed on another node, or a vLLM server
+    restarted on another port, reaches the same model at another URL. The name identifies it, as
+    vLLM's served model name does (a LoRA module's name, or the base's path)."""
+    if not spec.startswith("openai:") or "@http" not in spec:
+        return spec
+    return spec.rpartition("@http")[0]
 
 
 def shipped_adapter(spec: str) -> Path:

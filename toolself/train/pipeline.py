@@ -28,8 +28,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
+from toolself.evals.records import changed_settings
 from toolself.evals.runner import run_eval
-from toolself.models.spec import ModelSpec
+from toolself.models.spec import ModelSpec, served_name
 from toolself.tools.options import ToolOptions
 from toolself.train.data import load_dataset_dir, save_dataset
 from toolself.train.served import AdapterServer, stop_servers
@@ -144,6 +145,19 @@ class EmptyData(ValueError):
     """A data step produced nothing to train on; the step is left unfinished."""
 
 
+def without_addresses(settings: dict[str, Any]) -> dict[str, Any]:
+    """Saved settings without where their services run (the teacher's and judge's servers, the
+    search and reader endpoints): a run resumed on another node, or with a server restarted on
+    another port, is the same run (see `spec.served_name`)."""
+    kept = {**settings, "teacher": served_name(settings["teacher"])} if "teacher" in settings else dict(settings)
+    tools = settings.get("tools")
+    if tools:
+        web = {k: served_name(v) if isinstance(v, str) else v for k, v in (tools.get("web") or {}).items()
+               if k not in ("search_url", "reader_url")}
+        kept["tools"] = {**tools, "web": web, "judge": served_name(tools["judge"]) if tools.get("judge") else None}
+    return kept
+
+
 def reread(record: Callable[..., Any], saved: dict[str, Any]) -> dict[str, Any] | None:
     """Saved settings as this installation records them (a TrainingArguments field that
     transformers renamed comes back under the installed name: see `settings.installed_spelling`),
@@ -227,8 +241,12 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
     state = State(out)
     wanted = settings.to_dict()
     saved = state.data["settings"]
-    if saved is not None and saved != wanted and reread(CATSettings, saved) != wanted and not force:
-        raise PipelineMismatch(f"{out} holds a CAT run with other settings; use another folder or force")
+    if saved is not None and not force:
+        differ = changed_settings(without_addresses(reread(CATSettings, saved) or saved), without_addresses(wanted))
+        if differ:
+            raise PipelineMismatch(f"{out} holds a CAT run with other settings:\n"
+                                   + "\n".join(f"  {line}" for line in differ)
+                                   + "\nUse another --out folder, or --force to continue this one anyway.")
     state.data["settings"] = wanted
     state.save()
     try:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolself.evals.records import atomic_write_text
+from toolself.evals.records import atomic_write_text, changed_settings
 from toolself.train.checkpoints import last_complete_checkpoint, remove_checkpoints
 
 logger = logging.getLogger(__name__)
@@ -139,13 +139,7 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         was, now = old.get("data", {}), new.get("data", {})
         lines.append(f"data: was {was.get('examples')} examples, now {now.get('examples')}"
                      + ("" if was.get("examples") != now.get("examples") else ", with other contents"))
-    was, now = old.get("settings", {}), new.get("settings", {})
-    return lines + changed(was, now)
-
-
-def changed(was: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    return [f"{name}: was {was.get(name)!r}, now {now.get(name)!r}"
-            for name in sorted(set(was) | set(now)) if was.get(name) != now.get(name)]
+    return lines + changed_settings(old.get("settings", {}), new.get("settings", {}))
 
 
 def start_point(out_dir: Path, checkpoints: str | Path, definition: dict[str, Any], resume: bool,
@@ -182,7 +176,7 @@ def _decide(out_dir: Path, checkpoints: Path, definition: dict[str, Any], resume
     if recorded is not None and defining(recorded) == defining(definition):
         if finished is not None:
             return StartPoint(finished=finished)
-        changes = changed(compute_of(recorded), compute_of(definition)) if checkpoint is not None else []
+        changes = changed_settings(compute_of(recorded), compute_of(definition)) if checkpoint is not None else []
         return StartPoint(checkpoint=checkpoint, compute_changes=changes)
     if recorded is None:  # a run from before definitions were recorded: resume its checkpoint as before
         return StartPoint(checkpoint=checkpoint)
