@@ -99,6 +99,24 @@ def test_an_eval_whose_every_attempt_failed_exits_1(tmp_path):
     assert result.stderr.strip().splitlines()[-1].startswith("error: every attempt of this run failed (1)")
 
 
+def test_an_eval_whose_attempts_keep_failing_stops_exits_1_and_says_how_to_resume(tmp_path, monkeypatch):
+    import shlex
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": f"t{i}", "question": "Double 2?", "answer": "4"}) + "\n"
+                             for i in range(6)))
+    with serving(ScriptedModel([])) as url:  # a wrong path: every attempt fails at once
+        args = ["eval", "-t", f"jsonl:{tasks}", "--methods", "vanilla", "-m", f"openai:x@{url}/nothing", "-o",
+                str(tmp_path / "out"), "--no-report", "--concurrency", "1", "--stop-after-errors", "2"]
+        monkeypatch.setattr(sys, "argv", ["toolself", *args])
+        result = runner.invoke(app, args)
+    assert result.exit_code == 1
+    *_, error, resume = result.stderr.strip().splitlines()
+    assert error.startswith("error: 2 attempts in a row ended in an error, so the run stopped with 3 attempts "
+                            "not started (the last error: ") and "404" in error
+    assert resume == "to resume: " + shlex.join(["toolself", *args])
+
+
 @pytest.mark.parametrize("args", [
     ["eval", "-t", "builtin:research", "--limit", "-2"],
     ["eval", "-t", "builtin:research", "--concurrency", "0"],

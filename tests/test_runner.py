@@ -17,7 +17,7 @@ import pytest
 from toolself.evals.records import AttemptKey, AttemptRecord, MethodStore, read_records, safe_name
 from toolself.evals.runner import SettingsMismatch, run_eval
 from toolself.evals.task import Task
-from toolself.models.base import Message
+from toolself.models.base import Message, ModelError
 from toolself.models.scripted import ScriptedModel, call
 from toolself.tools.base import ToolPool, tool
 
@@ -168,6 +168,62 @@ def test_a_run_recorded_with_its_servers_address_resumes_elsewhere(tmp_path):
     (tmp_path / "out" / "run.json").write_text(json.dumps(saved))
     with serving(ScriptedModel([], default=policy)) as second:
         assert run(tmp_path, spec, model=f"openai:doubler@{second}", methods=("toolself",)).ran == 1
+
+
+def test_a_rerun_runs_again_the_attempts_that_ended_in_an_error_when_the_server_was_down(tmp_path):
+    from http_fixtures import serving
+    from ports import free_port
+
+    spec = write_tasks(tmp_path / "tasks.jsonl", 3)
+    once = {"methods": ("toolself",), "model_options": {"max_retries": 0}}
+    down = run(tmp_path, spec, model=f"openai:doubler@http://127.0.0.1:{free_port()}/v1", **once)
+    assert down.status["error"] == 3
+    with serving(ScriptedModel([], default=policy)) as url:  # the server is up again, at another address
+        again = run(tmp_path, spec, model=f"openai:doubler@{url}", **once)
+    assert (again.ran, again.retried, again.skipped, again.status["ok"]) == (3, 3, 0, 3)
+    assert [r.status for r in read_records(tmp_path / "out" / "toolself")] == ["ok"] * 3
+    set_aside = (tmp_path / "out" / "toolself" / "errors.jsonl").read_text().splitlines()
+    assert len(set_aside) == 3 and all("Connection refused" in json.loads(line)["error"] for line in set_aside)
+    trajectories = (tmp_path / "out" / "toolself" / "trajectories.jsonl").read_text().splitlines()
+    assert len(trajectories) == 3  # the failed attempts' trajectories went with their records
+
+
+def failing(messages, tools):
+    raise ModelError("the model server went away")
+
+
+def test_a_rerun_may_keep_the_attempts_that_ended_in_an_error(tmp_path):
+    spec = write_tasks(tmp_path / "tasks.jsonl", 2)
+    run(tmp_path, spec, model=ScriptedModel([], default=failing), methods=("vanilla",))
+    kept = run(tmp_path, spec, methods=("vanilla",), retry_errors=False)
+    assert (kept.ran, kept.retried, kept.skipped) == (0, 0, 2)
+    assert not (tmp_path / "out" / "vanilla" / "errors.jsonl").exists()
+
+
+def test_a_run_whose_attempts_keep_failing_stops_and_leaves_the_rest_for_a_rerun(tmp_path):
+    from toolself.evals.runner import AttemptsFailing
+
+    spec = write_tasks(tmp_path / "tasks.jsonl", 10)
+    with pytest.raises(AttemptsFailing, match=r"3 attempts in a row ended in an error, so the run stopped with 6 "
+                                              r"attempts not started \(the last error: .*the model server went away"):
+        run(tmp_path, spec, model=ScriptedModel([], default=failing), methods=("vanilla",), concurrency=1,
+            stop_after_errors=3)
+    assert len(read_records(tmp_path / "out" / "vanilla")) == 4  # and the one in flight as it stopped
+    resumed = run(tmp_path, spec, methods=("vanilla",), concurrency=1, stop_after_errors=3)
+    assert (resumed.ran, resumed.retried, resumed.status["ok"]) == (10, 4, 10)
+
+
+def test_errors_between_successes_do_not_stop_a_run(tmp_path):
+    spec = write_tasks(tmp_path / "tasks.jsonl", 6)
+
+    def every_other(messages, tools):  # odd tasks fail
+        if number_in(messages) % 2:
+            raise ModelError("flaky")
+        return policy(messages, tools)
+
+    summary = run(tmp_path, spec, model=ScriptedModel([], default=every_other), methods=("vanilla",),
+                  concurrency=1, stop_after_errors=2)
+    assert summary.status == {"ok": 3, "timeout": 0, "error": 3}
 
 
 def test_a_second_runner_on_the_same_folder_is_refused_while_the_first_holds_it(tmp_path):

@@ -231,6 +231,36 @@ def test_the_cat_pipeline_resumes_after_its_last_finished_step_and_refuses_other
                 stop_after="data_sft", echo=lines.append)
 
 
+def answers_anything(messages, tools):
+    from toolself.models.scripted import call
+
+    if not tools:  # the configuration
+        return json.dumps({"subgoal": "answer", "strategy": "Answer at once.", "toolbox": ["search"],
+                           "knowledge": "none", "context_mode": "basic"})
+    return call("terminate", answer="Jorvale")
+
+
+def test_a_collection_whose_teacher_server_was_down_stays_unfinished_and_resumes_when_it_is_up(tmp_path):
+    from http_fixtures import serving
+    from ports import free_port
+
+    from toolself.evals.runner import AttemptsFailing
+    from toolself.models.scripted import ScriptedModel
+    from toolself.train.pipeline import CATSettings, run_cat
+
+    def settings(url: str) -> CATSettings:
+        return CATSettings(tasks=["builtin:research?hops=2"], teacher=f"openai:teacher@{url}", teacher_samples=1,
+                           limit=1, concurrency=1)
+
+    with pytest.raises(AttemptsFailing, match="every one of the 1 attempts .* ended in an error .*Connection refused"):
+        run_cat(settings(f"http://127.0.0.1:{free_port()}/v1"), tmp_path, stop_after="collect_teacher",
+                echo=lambda line: None)
+    assert not json.loads((tmp_path / "state.json").read_text())["steps"]
+    with serving(ScriptedModel([], default=answers_anything)) as url:  # up again, on another port
+        done = run_cat(settings(url), tmp_path, stop_after="collect_teacher", echo=lambda line: None)
+    assert done["collect_teacher"]["ran"] == 1 and done["collect_teacher"]["errors"] == 0
+
+
 @pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "isolated"])
 def test_a_data_step_with_nothing_to_train_on_stays_unfinished(tmp_path, student, isolate):
     from toolself.train.pipeline import CATSettings, EmptyData, run_cat

@@ -5,7 +5,9 @@ failure.
 `toolself run` appends the attempt so far, marked `interrupted`, to its output file. The
 commands whose work can be resumed (`eval`, `train rft | kto | cat | study`) print one line,
 the exact command that resumes it: the same command line, with the command's `--resume` flag
-where it has one that was off.
+where it has one that was off. They do the same, with status 1, when their work stopped on its
+own for a cause that a rerun can get past once it is mended (`StoppedEarly`: a model server
+that went down).
 """
 
 from __future__ import annotations
@@ -18,6 +20,12 @@ from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
 EXIT_INTERRUPTED = 130
+EXIT_STOPPED = 1
+
+
+class StoppedEarly(RuntimeError):
+    """Work that stopped before its end and keeps what it did: once the cause in the message
+    is mended, the same command resumes it."""
 
 F = TypeVar("F", bound=Callable)
 
@@ -37,7 +45,8 @@ def resume_command(argv: list[str], resume_off: bool) -> str:
 
 
 def say_how_to_resume(command: F) -> F:
-    """Decorates a resumable command: Ctrl-C ends it with status 130 and the resume line."""
+    """Decorates a resumable command: Ctrl-C ends it with status 130 and the resume line, a
+    `StoppedEarly` with status 1, its message and the resume line."""
 
     @functools.wraps(command)
     def resumable(*args, **kwargs):
@@ -46,6 +55,9 @@ def say_how_to_resume(command: F) -> F:
         except KeyboardInterrupt:
             _say(f"interrupted; to resume: {resume_command(sys.argv, kwargs.get('resume') is False)}")
             raise SystemExit(EXIT_INTERRUPTED) from None
+        except StoppedEarly as exc:
+            _say(f"error: {exc}\nto resume: {resume_command(sys.argv, kwargs.get('resume') is False)}")
+            raise SystemExit(EXIT_STOPPED) from None
 
     return resumable  # type: ignore[return-value]
 

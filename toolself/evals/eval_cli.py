@@ -74,6 +74,12 @@ def eval_command(
     temperature: float = typer.Option(0.0, min=0, help="Sampling temperature of the policy (0: greedy)."),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     force: bool = typer.Option(False, help="Add to an output folder made under other settings."),
+    retry_errors: bool = typer.Option(True, "--retry-errors/--keep-errors", help="On a rerun, run again the attempts that ended in an error (a "
+                                      "model server down, a judge failing); their records move to "
+                                      "METHOD/errors.jsonl."),
+    stop_after_errors: Optional[int] = typer.Option(None, min=0, help="Stop once this many attempts in a row ended "
+                                                    "in an error, leaving the rest for a rerun (default: the "
+                                                    "concurrency, at least 5; 0: never)."),
     report: bool = typer.Option(True, help="Write the report into OUT/report when the run ends."),
     backend: str = typer.Option("local", help="Where attempts run: local (threads here) | ray (Ray tasks)."),
     address: Optional[str] = typer.Option(None, help="Ray cluster to join (auto, ray://HOST:10001); default: a local one."),
@@ -126,7 +132,8 @@ def eval_command(
                            limit=limit, repeats=repeats, judge=judge, freeze=tuple(freeze),
                            config_model=writer, split=split, seed=seed, force=force, settings=settings,
                            model_options=options, backend=runner_backend, pool=pool,
-                           loader=run_preset.retarget(loader) if run_preset else loader)
+                           loader=run_preset.retarget(loader) if run_preset else loader, retry_errors=retry_errors,
+                           stop_after_errors=stop_after_errors)
     except (SettingsMismatch, RunInProgress) as exc:
         _fail(str(exc))
     except (ValueError, FileNotFoundError, ImportError) as exc:
@@ -143,6 +150,8 @@ def eval_command(
         atomic_write_text(out / "preflight.json", json.dumps({"warnings": loader.warnings}, indent=2) + "\n")
     atomic_write_text(out / "summary.json", json.dumps(summary.to_dict(), indent=2) + "\n")
     status = ", ".join(f"{n} {s}" for s, n in summary.status.items())
+    if summary.retried:
+        status += f"; {summary.retried} again after an earlier error"
     console.print(f"ran {summary.ran} attempts ({status}), skipped {summary.skipped} finished earlier, "
                   f"{summary.wall_time:.1f} s", highlight=False)
     console.print(markdown_accuracy(summary.table), highlight=False, markup=False)
@@ -151,8 +160,7 @@ def eval_command(
         files = write_report([out])
         console.print(f"report: {files.markdown}")
     if summary.ran and summary.status.get("error", 0) == summary.ran:
-        errors = [r.error for r in summary.records if r.status == "error" and r.error]
-        last = errors[-1].strip().splitlines()[-1] if errors else "no error recorded"
+        last = [r for r in summary.records if r.status == "error"][-1].error_line
         _fail(f"every attempt of this run failed ({summary.ran}); the last: {last}", code=1)
 
 

@@ -1,9 +1,10 @@
 """The per-attempt result record, and the append-only files an evaluation keeps them in.
 
-One folder per method holds two JSONL files:
+One folder per method holds two JSONL files (and a third once failed attempts are run again):
 
     results.jsonl        one small `AttemptRecord` per finished attempt (what tables are built from)
     trajectories.jsonl   the full trajectory of each attempt, its key in `metadata["attempt"]`
+    errors.jsonl         the records of attempts that ended in `error` and were set aside to run again
 
 An attempt is committed by writing its trajectory line and then its result line, each as one
 `write` followed by flush and fsync: the result line is the commit marker. A process killed at
@@ -25,6 +26,7 @@ from typing import Any, Iterable, Iterator
 
 RESULTS = "results.jsonl"
 TRAJECTORIES = "trajectories.jsonl"
+SET_ASIDE = "errors.jsonl"
 STATUSES = ("ok", "timeout", "error")
 
 
@@ -97,6 +99,12 @@ class AttemptRecord:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def error_line(self) -> str:
+        """The last line of the error's traceback: the exception and its message."""
+        lines = (self.error or "").strip().splitlines()
+        return lines[-1] if lines else "no error recorded"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -264,16 +272,21 @@ class MethodStore:
         self.results_path = self.folder / RESULTS
         self.trajectories_path = self.folder / TRAJECTORIES
         self.records: dict[str, AttemptRecord] = {}
+        self.set_aside = 0  # records of failed attempts moved to errors.jsonl as the store opened
         self._lock = threading.Lock()
         self._results = None
         self._trajectories = None
 
     @classmethod
-    def open(cls, folder: Path) -> "MethodStore":
+    def open(cls, folder: Path, retry_errors: bool = False) -> "MethodStore":
+        """The store of `folder`, repaired; with `retry_errors`, the attempts that ended in
+        `error` are set aside (`set_aside_errors`) so that they count as not run."""
         store = cls(folder)
         store.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(store.folder, 0o700)
         store._recover()
+        if retry_errors:
+            store.set_aside = store._set_aside_errors()
         store._results = open(store.results_path, "a", encoding="utf-8", opener=_owner_only)
         store._trajectories = open(store.trajectories_path, "a", encoding="utf-8", opener=_owner_only)
         return store
@@ -291,6 +304,23 @@ class MethodStore:
         if duplicates:
             atomic_write_lines(self.results_path, (r.to_json() for r in self.records.values()))
         self._compact_trajectories()
+
+    def _set_aside_errors(self) -> int:
+        """Move the records of attempts that ended in `error` (the environment, a model server or
+        the scorer failed: nothing the policy did) from results.jsonl to errors.jsonl, where their
+        tracebacks stay, so that the attempts run again. Done before the files are opened for
+        appending, as a copy then an atomic rewrite: a crash between the two sets the same
+        records aside again, and loses none."""
+        failed = [r for r in self.records.values() if r.status == "error"]
+        if not failed:
+            return 0
+        with open(self.folder / SET_ASIDE, "a", encoding="utf-8", opener=_owner_only) as f:
+            append_lines(f, [r.to_json() for r in failed])
+        for record in failed:
+            del self.records[record.key.id]
+        atomic_write_lines(self.results_path, (r.to_json() for r in self.records.values()))
+        self._compact_trajectories()
+        return len(failed)
 
     def _compact_trajectories(self) -> None:
         """Keep one trajectory per committed key: drop the lines of attempts that were in flight

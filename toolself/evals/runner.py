@@ -10,7 +10,11 @@ Layout of the output folder:
     workspaces/                       each attempt's private workspace while it runs
 
 Rerunning the same command resumes: finished keys are skipped (see `records` for why a
-`kill -9` at any moment loses at most the attempts in flight and never duplicates a record).
+`kill -9` at any moment loses at most the attempts in flight and never duplicates a record),
+and attempts that ended in `error` run again (their records set aside in `errors.jsonl`): a
+model server that was down, or a judge that failed, says nothing about the method. A run whose
+attempts keep failing (`stop_after_errors` in a row: the model server went away) stops instead
+of recording an error for every attempt left, and a rerun resumes it.
 A rerun whose settings would mix incomparable results (another model, judge, split, budget,
 seed or freeze) refuses unless `force`; adding methods, datasets, tasks or repeats is fine.
 One runner at a time holds a folder (an advisory lock that dies with its process), and a
@@ -58,6 +62,7 @@ from toolself.evals.records import (
 )
 from toolself.evals.report import RUN_FILE, Table, aggregate
 from toolself.evals.suites.common import suite_key_id
+from toolself.interrupts import StoppedEarly
 from toolself.models.base import ChatModel
 from toolself.models.spec import ModelSpec, served_name
 from toolself.tools.base import ToolPool
@@ -75,6 +80,10 @@ class RunInProgress(RuntimeError):
     """Another runner holds the output folder."""
 
 
+class AttemptsFailing(StoppedEarly):
+    """The run stopped because its attempts kept ending in errors."""
+
+
 @dataclass
 class RunSummary:
     """What a run produced: counts for this invocation, and the table over every record of
@@ -88,13 +97,23 @@ class RunSummary:
     table: Table
     records: list[AttemptRecord]
     wall_time: float
+    retried: int = 0  # attempts that had ended in an error and ran again
 
     def accuracy(self) -> dict[str, dict[str, dict[str, float | None]]]:
         return self.table.summary()
 
+    def raise_if_all_failed(self) -> None:
+        """For what builds on the results (training data, a pipeline's table): a run whose every
+        attempt ended in an error measured nothing, so it must not count as done."""
+        if self.records and all(r.status == "error" for r in self.records):
+            raise AttemptsFailing(f"every one of the {len(self.records)} attempts in {self.out} ended in an error "
+                                  f"(the last: {self.records[-1].error_line}). Mend the cause (is the model server "
+                                  "up?) and rerun: failed attempts run again.")
+
     def to_dict(self) -> dict[str, Any]:
         return {"out": str(self.out), "attempts": self.attempts, "skipped": self.skipped, "ran": self.ran,
-                "status": self.status, "wall_time": round(self.wall_time, 3), "accuracy": self.accuracy()}
+                "retried": self.retried, "status": self.status, "wall_time": round(self.wall_time, 3),
+                "accuracy": self.accuracy()}
 
 
 @dataclass
@@ -207,6 +226,8 @@ def run_eval(
     progress: EvalProgress | bool | None = None,
     loader: Callable[..., list[Any]] | None = None,
     backend: Backend | str = "local",
+    retry_errors: bool = True,
+    stop_after_errors: int | None = None,
 ) -> RunSummary:
     """Run every missing attempt and return the summary over all of the requested ones.
 
@@ -215,19 +236,24 @@ def run_eval(
     suites' per-task teacher) or a ChatModel; settings: AgentSettings overrides (budgets);
     grace: seconds after the timeout before an attempt that has not returned is abandoned
     (default: a quarter of the timeout, at least 5 s); backend: where attempts execute,
-    `local` (threads in this process), `ray`, `ray:ADDRESS` or a Backend (see `backends`).
-    The results' settings become an `EvalRun`; `evaluate` runs one.
+    `local` (threads in this process), `ray`, `ray:ADDRESS` or a Backend (see `backends`);
+    retry_errors: run again the attempts that ended in `error`; stop_after_errors: stop the run
+    (`AttemptsFailing`) once this many attempts in a row ended in `error` (default: the
+    concurrency, at least 5; 0: never). The results' settings become an `EvalRun`; `evaluate`
+    runs one.
     """
     run = EvalRun.of(model, config_model=config_model, judge=judge, agent=settings, model_options=model_options,
                      freeze=freeze, split=split, seed=seed, timeout=timeout)
     return evaluate(tasks, methods, run, out, concurrency=concurrency, grace=grace, limit=limit, repeats=repeats,
-                    force=force, pool=pool, progress=progress, loader=loader, backend=backend)
+                    force=force, pool=pool, progress=progress, loader=loader, backend=backend,
+                    retry_errors=retry_errors, stop_after_errors=stop_after_errors)
 
 
 def evaluate(tasks: Sequence[str], methods: Sequence[str], run: EvalRun, out: Path, *, concurrency: int = 4,
              grace: float | None = None, limit: int | None = None, repeats: int = 1, force: bool = False,
              pool: ToolPool | None = None, progress: EvalProgress | bool | None = None,
-             loader: Callable[..., list[Any]] | None = None, backend: Backend | str = "local") -> RunSummary:
+             loader: Callable[..., list[Any]] | None = None, backend: Backend | str = "local",
+             retry_errors: bool = True, stop_after_errors: int | None = None) -> RunSummary:
     """`run_eval` for a run whose settings are already an `EvalRun`."""
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
@@ -260,7 +286,7 @@ def evaluate(tasks: Sequence[str], methods: Sequence[str], run: EvalRun, out: Pa
         _check_run_file(out, identity, command, force)
         _clear_stale_workspaces(out / "workspaces")
 
-        stores = {m: MethodStore.open(out / safe_name(m)) for m in methods}
+        stores = {m: MethodStore.open(out / safe_name(m), retry_errors=retry_errors) for m in methods}
         executor = None
         try:
             jobs = _missing(stores, datasets, methods, method_settings, repeats)
@@ -281,7 +307,9 @@ def evaluate(tasks: Sequence[str], methods: Sequence[str], run: EvalRun, out: Pa
         elif progress is False:
             progress = EvalProgress(live=False, every=10**9)
             progress.console.quiet = True
-        scheduler = _Scheduler(executor.execute if executor else None, stores, progress, concurrency, timeout, grace)
+        failing = max(5, concurrency) if stop_after_errors is None else stop_after_errors
+        scheduler = _Scheduler(executor.execute if executor else None, stores, progress, concurrency, timeout, grace,
+                               failing)
         progress.start(len(requested), skipped)
         try:
             scheduler.run(jobs)
@@ -296,7 +324,8 @@ def evaluate(tasks: Sequence[str], methods: Sequence[str], run: EvalRun, out: Pa
         records = [r for m in methods for r in stores[m].records.values() if r.key.id in wanted]
         table = aggregate(records, methods, list(tasks))
         return RunSummary(out=out, attempts=len(requested), skipped=skipped, ran=scheduler.ran,
-                          status=scheduler.status, table=table, records=records, wall_time=scheduler.wall_time)
+                          status=scheduler.status, table=table, records=records, wall_time=scheduler.wall_time,
+                          retried=sum(store.set_aside for store in stores.values()))
     finally:
         lock.close()
 
@@ -310,7 +339,7 @@ class _Scheduler:
     (in the thread itself, or on a Ray worker the thread waits for)."""
 
     def __init__(self, execute: Execute | None, stores: dict[str, MethodStore], progress: EvalProgress,
-                 concurrency: int, timeout: float | None, grace: float):
+                 concurrency: int, timeout: float | None, grace: float, stop_after_errors: int = 0):
         self.execute = execute
         self.stores = stores
         self.progress = progress
@@ -322,6 +351,10 @@ class _Scheduler:
         self.ran = 0
         self.status = {"ok": 0, "timeout": 0, "error": 0}
         self.wall_time = 0.0
+        self.stop_after_errors = stop_after_errors
+        self.errors_in_a_row = 0
+        self.last_error = ""
+        self.stopped: str | None = None
 
     def run(self, jobs: list[Job]) -> None:
         started = time.monotonic()
@@ -335,6 +368,14 @@ class _Scheduler:
                 finished += self.watchdog()
                 if finished:
                     self.commit(finished)
+                if pending and self.failing():
+                    self.stopped = (f"{self.errors_in_a_row} attempts in a row ended in an error, so the run "
+                                    f"stopped with {len(pending)} attempts not started (the last error: "
+                                    f"{self.last_error}). Mend the cause (is the model server up?) and rerun: "
+                                    "finished attempts are kept, failed ones run again.")
+                    pending.clear()  # the attempts in flight end, and are recorded, first
+            if self.stopped:
+                raise AttemptsFailing(self.stopped)
         except BaseException:
             for entry in self.running.values():
                 entry.cancel.set()
@@ -398,6 +439,14 @@ class _Scheduler:
                 self.ran += 1
                 self.status[record.status] += 1
                 self.progress.attempt_finished(record)
+                if record.status == "error":
+                    self.errors_in_a_row += 1
+                    self.last_error = record.error_line
+                else:
+                    self.errors_in_a_row = 0
+
+    def failing(self) -> bool:
+        return 0 < self.stop_after_errors <= self.errors_in_a_row
 
 
 def _within_capacity(concurrency: int, capacity: int | None) -> int:

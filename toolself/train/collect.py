@@ -52,7 +52,9 @@ def collect(tasks: Sequence[str], model: Any, out: str | Path, samples: int, *, 
     backend: where the attempts run (`local`, `ray`, a runner Backend); judge: the judge of
     free-text answers (a spec or an LLMJudge), whose verdicts label the trajectories;
     model_options: load options over the spec's own (a run preset's sampling and protocol);
-    loader: loads the tasks (`runner.evaluate`'s; a run preset's rescores them)."""
+    loader: loads the tasks (`runner.evaluate`'s; a run preset's rescores them). A collection
+    whose every attempt ended in an error raises `AttemptsFailing` (nothing to learn from: a
+    model server that was down); attempts that failed run again when it is rerun."""
     model = ModelSpec.parse(model) if isinstance(model, str) else model
     options = {**(model.options(temperature, seed, dtype) if isinstance(model, ModelSpec) else {}),
                **(model_options or {})}
@@ -64,6 +66,7 @@ def collect(tasks: Sequence[str], model: Any, out: str | Path, samples: int, *, 
     (out / TOOLS_FILE).write_text(json.dumps(tool_schemas(pool), indent=1) + "\n", encoding="utf-8")
     summary = evaluate(list(tasks), [method], run, out, repeats=samples, limit=limit, concurrency=concurrency,
                        pool=pool, progress=progress, backend=backend, loader=loader)
+    summary.raise_if_all_failed()
     return CollectResult(run_dir=str(out), attempts=summary.attempts, ran=summary.ran,
                          correct=sum(r.correct for r in summary.records),
                          errors=sum(r.status == "error" for r in summary.records),

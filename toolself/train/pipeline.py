@@ -214,16 +214,18 @@ def tool_options(settings: CATSettings, out: Path) -> ToolOptions | None:
 
 def evaluate(settings: CATSettings, model: str, out: Path, backend: Any = "local") -> Any:
     """One model on the held-out split, run as every evaluation of a CAT run is; returns the
-    runner's summary."""
+    runner's summary, or raises `AttemptsFailing` when every attempt ended in an error."""
     attempt = AttemptTools.of(tool_options(settings, out), settings.run_preset())
     try:
-        return run_eval(settings.eval_tasks or settings.tasks, [settings.method], model, out, split="heldout",
-                        limit=settings.eval_limit, seed=settings.eval_seed, concurrency=settings.concurrency,
-                        timeout=settings.timeout, settings=agent_overrides(settings), backend=backend,
-                        model_options=settings.model_options(model), pool=attempt.pool, judge=attempt.judge,
-                        loader=attempt.loader)
+        summary = run_eval(settings.eval_tasks or settings.tasks, [settings.method], model, out, split="heldout",
+                           limit=settings.eval_limit, seed=settings.eval_seed, concurrency=settings.concurrency,
+                           timeout=settings.timeout, settings=agent_overrides(settings), backend=backend,
+                           model_options=settings.model_options(model), pool=attempt.pool, judge=attempt.judge,
+                           loader=attempt.loader)
     finally:
         attempt.close()
+    summary.raise_if_all_failed()  # not a score of 0: the model was never reached
+    return summary
 
 
 def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_after: str | None = None,
