@@ -53,9 +53,9 @@ def test_every_weight_of_the_adapter_lands_on_a_layer_of_the_base_model():
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from toolself.models.local import _resolve_base
+    from toolself.models.local import adapter_base
 
-    base = AutoModelForCausalLM.from_pretrained(str(_resolve_base(ADAPTER)), dtype="float32")
+    base = AutoModelForCausalLM.from_pretrained(str(adapter_base(ADAPTER)), dtype="float32")
     model = PeftModel.from_pretrained(base, str(ADAPTER))
     lora = {n for n, _ in model.named_parameters() if "lora_" in n}
     layers = {int(n.split(".layers.")[1].split(".")[0]) for n in lora}

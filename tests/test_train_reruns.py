@@ -257,3 +257,48 @@ def test_kto_starts_from_a_merge_of_the_rft_adapter_now_in_its_folder_not_of_the
     assert not merged_q_proj(base).equal(first)
     random_lora_adapter(tiny, tmp_path / "fresh", seed=2)
     assert merged_q_proj(base).equal(merged_q_proj(prepare_base(tmp_path / "fresh", tmp_path / "other")))
+
+
+def test_a_base_model_mounted_at_another_path_is_the_same_base(finished, tiny, tiny_sft, tmp_path):
+    from toolself.train.rft import train_rft
+    from toolself.train.rft_config import RFTConfig
+
+    elsewhere = tmp_path / "models" / "tiny"  # the node a run resumes on mounts its models elsewhere
+    shutil.copytree(tiny, elsewhere)
+    again = train_rft(tiny_sft[0], elsewhere, finished, RFTConfig(**settings(finished)), resume=True)
+    assert again.extra["finished_earlier"]
+
+
+def test_another_model_at_the_same_path_is_another_base(tmp_path, tiny):
+    model = tmp_path / "model"
+    shutil.copytree(tiny, model)
+    before = R.base_identity(model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "rope_theta": 1234.0}))
+    assert not R.same_base(before, R.base_identity(model))
+    assert R.differences({"base": before}, {"base": R.base_identity(model)}) == [
+        f"base model: the model in {model.resolve()} has changed"]
+
+
+def test_a_full_model_recorded_by_its_path_alone_is_still_known_by_it(tmp_path, tiny):
+    now = R.base_identity(Path(tiny))
+    assert R.same_base({"path": now["path"]}, now)
+    assert not R.same_base({"path": str(tmp_path)}, now)
+
+
+def test_a_moved_run_folder_keeps_its_merged_base_and_its_kto_adapter_finds_it(tmp_path, tiny):
+    from toolself.models.local import adapter_base, load_weights
+    from toolself.train.merge import MERGED_FROM, prepare_base
+
+    run = tmp_path / "run"
+    random_lora_adapter(tiny, run / "rft", seed=1)
+    random_lora_adapter(prepare_base(run / "rft", run / "kto"), run / "kto", seed=2)  # names run/kto/base
+    shutil.move(run, tmp_path / "moved")  # copied off the cluster, or mounted elsewhere
+    moved = tmp_path / "moved"
+    merged = (moved / "kto" / "base" / "model.safetensors").stat().st_mtime_ns
+    assert prepare_base(moved / "rft", moved / "kto") == (moved / "kto" / "base").resolve()
+    assert (moved / "kto" / "base" / "model.safetensors").stat().st_mtime_ns == merged  # not merged again
+    assert json.loads((moved / "kto" / "base" / MERGED_FROM).read_text())["path"] == str(run / "rft")
+    assert adapter_base(moved / "kto") == moved / "kto" / "base"
+    model, _, _ = load_weights(moved / "kto", dtype="float32")  # how `--model local:moved/kto` loads it
+    assert model.config.num_hidden_layers > 0

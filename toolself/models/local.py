@@ -116,13 +116,20 @@ def _is_default_base(name: str) -> bool:
     return "smollm2" in lowered and "135m" in lowered
 
 
-def _resolve_base(adapter_dir: Path) -> Path:
-    """The base model an adapter was trained on: the directory it names when that exists
-    here, else the converted default when the name is the default model's."""
-    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+def adapter_base(adapter_dir: str | os.PathLike) -> Path:
+    """The base model an adapter was trained on: the directory it names when that exists here
+    (or, named relatively, beside the adapter); the adapter's own `base/` when it names a `base`
+    folder that is not there (KTO trains on `OUT/base`, whose absolute path a moved or copied run
+    folder no longer has); else the converted default when the name is the default model's."""
+    adapter_dir = Path(adapter_dir)
+    config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
     base = config.get("base_model_name_or_path") or ""
-    if base and (Path(base) / "config.json").is_file():
-        return Path(base)
+    candidates = [Path(base), adapter_dir / base] if base else []
+    if base and Path(base).name == "base":
+        candidates.append(adapter_dir / "base")
+    for candidate in candidates:
+        if (candidate / "config.json").is_file():
+            return candidate
     if not base or _is_default_base(base) or Path(base).resolve() == default_model_dir().resolve():
         return default_model_dir()
     raise ModelError(f"the adapter in {adapter_dir} was trained on {base!r}, which is not available here")
@@ -184,7 +191,7 @@ def load_weights(path: str | os.PathLike | None = None, dtype: str = "auto"):
     if (directory / "adapter_config.json").is_file():
         from peft import PeftModel
 
-        base = _resolve_base(directory)
+        base = adapter_base(directory)
         model = PeftModel.from_pretrained(_read_model(base, torch.float32), str(directory))
         model = model.merge_and_unload().to(torch_dtype)
         has_tokenizer = (directory / "tokenizer.json").is_file() or (directory / "tokenizer_config.json").is_file()

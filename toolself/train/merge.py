@@ -12,21 +12,14 @@ from typing import Any
 
 
 def adapter_base(adapter_dir: str | Path) -> Path:
-    """The base model directory an adapter was trained on: the one it names when that exists
-    here, else the converted default model when it names that."""
-    adapter_dir = Path(adapter_dir)
-    config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
-    base = config.get("base_model_name_or_path") or ""
-    if base and (Path(base) / "config.json").is_file():
-        return Path(base)
-    if (adapter_dir / base / "config.json").is_file():  # a path relative to the adapter
-        return adapter_dir / base
-    lowered = base.lower()
-    if not base or ("smollm2" in lowered and "135m" in lowered):
-        from toolself.models.local import default_model_dir
+    """The base model directory an adapter was trained on (see `local.adapter_base`)."""
+    from toolself.models.base import ModelError
+    from toolself.models.local import adapter_base as find_base
 
-        return default_model_dir()
-    raise FileNotFoundError(f"the adapter in {adapter_dir} was trained on {base!r}, which is not available here")
+    try:
+        return find_base(adapter_dir)
+    except ModelError as exc:
+        raise FileNotFoundError(str(exc)) from None
 
 
 def default_dtype():
@@ -80,14 +73,14 @@ def prepare_base(path: str | Path, out_dir: str | Path) -> Path:
     merged into `out_dir/base` (kept: a new adapter names it as its base). A merge is reused
     only for the adapter it was made from (`merged_from.json`): RFT retrained into the same
     folder leaves another adapter there, and KTO would otherwise start from the old one."""
-    from toolself.train.reruns import base_identity, read_json
+    from toolself.train.reruns import base_identity, read_json, same_base
 
     path = Path(path)
     if not (path / "adapter_config.json").is_file():
         return path
     target = Path(out_dir) / "base"
     source = base_identity(path)
-    if read_json(target / MERGED_FROM) != source or not (target / "config.json").is_file():
+    if not same_base(read_json(target / MERGED_FROM) or {}, source) or not (target / "config.json").is_file():
         shutil.rmtree(target, ignore_errors=True)
         merge_adapter(path, target)
         (target / MERGED_FROM).write_text(json.dumps(source, indent=2) + "\n", encoding="utf-8")

@@ -82,11 +82,17 @@ def run_definition(config: Any, base: str | Path, dataset: Any, columns: list[st
     return json.loads(json.dumps(definition, sort_keys=True, default=str))
 
 
+def same_run(was: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Whether two definitions define one run: the same base (`same_base`), data and settings,
+    however it computes."""
+    return same_base(was.get("base", {}), now.get("base", {})) and defining(was) == defining(now)
+
+
 def defining(definition: dict[str, Any]) -> dict[str, Any]:
-    """What of a recorded definition a rerun must match: all but how it computes (which runs
-    recorded before it was kept apart hold among their settings)."""
+    """What of a recorded definition a rerun must match besides its base: its data and settings,
+    not how it computes (which runs recorded before it was kept apart hold among their settings)."""
     settings = {k: v for k, v in definition.get("settings", {}).items() if k not in COMPUTE_FIELDS}
-    return {**{k: v for k, v in definition.items() if k != "compute"}, "settings": settings}
+    return {**{k: v for k, v in definition.items() if k not in ("compute", "base")}, "settings": settings}
 
 
 def compute_of(definition: dict[str, Any]) -> dict[str, Any]:
@@ -95,18 +101,34 @@ def compute_of(definition: dict[str, Any]) -> dict[str, Any]:
 
 
 def base_identity(base: Path) -> dict[str, Any]:
-    """The base's resolved path, and for an adapter (a few MB) a digest of its files: a KTO run
-    stands on an RFT adapter that a rerun of RFT may replace in the same folder. A full model's
-    weights (16 GB for 8B) are known by their path."""
+    """The base's resolved path, and a digest of what it holds, which decides (`same_base`): for
+    an adapter (a few MB), of its files, since a KTO run stands on an RFT adapter that a rerun of
+    RFT may replace in the same folder; for a full model (16 GB for 8B), of its config and its
+    weight files' names and sizes. The path is for people to read: a run folder moved or copied,
+    or a model mounted elsewhere on another node, is the same base."""
     identity: dict[str, Any] = {"path": str(base.resolve())}
+    digest = hashlib.sha256()
     if (base / "adapter_config.json").is_file():
-        digest = hashlib.sha256()
         for name in sorted(p.name for p in base.glob("adapter_model.*")) + ["adapter_config.json"]:
             with open(base / name, "rb") as f:
                 for block in iter(lambda: f.read(1 << 20), b""):
                     digest.update(block)
         identity["adapter"] = digest.hexdigest()
+    elif (base / "config.json").is_file():
+        digest.update((base / "config.json").read_bytes())
+        for weights in sorted(p for p in base.iterdir() if p.suffix in (".safetensors", ".bin")):
+            digest.update(f"{weights.name}:{weights.stat().st_size}\n".encode())
+        identity["model"] = digest.hexdigest()
     return identity
+
+
+def same_base(was: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Whether two recorded bases are one model: by their digests, or by their paths where one
+    was recorded without (full models were known by their path alone before)."""
+    digests = [key for key in ("adapter", "model") if key in was and key in now]
+    if digests:
+        return all(was[key] == now[key] for key in digests)
+    return was.get("path") == now.get("path") and was.get("adapter") == now.get("adapter")
 
 
 def data_digest(dataset: Any, columns: list[str]) -> str:
@@ -131,15 +153,15 @@ def data_digest(dataset: Any, columns: list[str]) -> str:
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     lines = []
-    if old.get("base") != new.get("base"):
+    if not same_base(old.get("base", {}), new.get("base", {})):
         was, now = old.get("base", {}), new.get("base", {})
         lines.append(f"base model: was {was.get('path')}, now {now.get('path')}" if was.get("path") != now.get("path")
-                     else f"base model: the adapter in {now.get('path')} has changed")
+                     else f"base model: the model in {now.get('path')} has changed")
     if old.get("data") != new.get("data"):
         was, now = old.get("data", {}), new.get("data", {})
         lines.append(f"data: was {was.get('examples')} examples, now {now.get('examples')}"
                      + ("" if was.get("examples") != now.get("examples") else ", with other contents"))
-    return lines + changed_settings(old.get("settings", {}), new.get("settings", {}))
+    return lines + changed_settings(defining(old)["settings"], defining(new)["settings"])
 
 
 def start_point(out_dir: Path, checkpoints: str | Path, definition: dict[str, Any], resume: bool,
@@ -173,7 +195,7 @@ def _decide(out_dir: Path, checkpoints: Path, definition: dict[str, Any], resume
     recorded = read_json(out_dir / SETTINGS_FILE)
     finished = read_json(out_dir / RESULT_FILE)
     checkpoint = last_complete_checkpoint(checkpoints)
-    if recorded is not None and defining(recorded) == defining(definition):
+    if recorded is not None and same_run(recorded, definition):
         if finished is not None:
             return StartPoint(finished=finished)
         changes = changed_settings(compute_of(recorded), compute_of(definition)) if checkpoint is not None else []
@@ -184,7 +206,7 @@ def _decide(out_dir: Path, checkpoints: Path, definition: dict[str, Any], resume
         what = "a model trained" if finished is not None else f"a checkpoint ({checkpoint.name}) of a run"
         raise TrainingMismatch(
             f"{out_dir} holds {what} with another base model, other data or other settings:\n"
-            + "\n".join(f"  {line}" for line in differences(defining(recorded), defining(definition)))
+            + "\n".join(f"  {line}" for line in differences(recorded, definition))
             + "\nUse another --out folder, or --no-resume to train from the start in this one (replacing it).")
     return StartPoint()
 
