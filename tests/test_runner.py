@@ -188,6 +188,30 @@ def test_a_rerun_runs_again_the_attempts_that_ended_in_an_error_when_the_server_
     assert len(trajectories) == 3  # the failed attempts' trajectories went with their records
 
 
+def test_an_attempt_the_judge_could_not_judge_is_an_error_and_is_judged_on_a_rerun(tmp_path):
+    from http_fixtures import running_server
+    from ports import free_port
+    from test_rules_judged import ProtocolJudge
+
+    from toolself.evals.judge import LLMJudge
+    from toolself.models.openai_compat import OpenAIModel
+
+    spec = write_tasks(tmp_path / "tasks.jsonl", 3) + "?scorer=frames_judge"
+
+    def judge(url: str) -> LLMJudge:
+        return LLMJudge(OpenAIModel("judge", url + "/v1", "k", max_retries=0, timeout=10), cache_dir=tmp_path / "j")
+
+    down = run(tmp_path, spec, methods=("toolself",), judge=judge(f"http://127.0.0.1:{free_port()}"))
+    assert down.status == {"ok": 0, "timeout": 0, "error": 3}
+    records = read_records(tmp_path / "out" / "toolself")
+    assert all(r.error.startswith("JudgeFailed: the judge failed") and not r.correct for r in records)
+    with running_server(ProtocolJudge().app) as url:
+        again = run(tmp_path, spec, methods=("toolself",), judge=judge(url))
+    assert (again.ran, again.retried) == (3, 3)
+    assert {r.task_id: r.correct for r in read_records(tmp_path / "out" / "toolself")} == {
+        "t0": True, "t1": False, "t2": True}
+
+
 def failing(messages, tools):
     raise ModelError("the model server went away")
 
