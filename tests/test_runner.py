@@ -184,6 +184,7 @@ def test_a_rerun_runs_again_the_attempts_that_ended_in_an_error_when_the_server_
     assert [r.status for r in read_records(tmp_path / "out" / "toolself")] == ["ok"] * 3
     set_aside = (tmp_path / "out" / "toolself" / "errors.jsonl").read_text().splitlines()
     assert len(set_aside) == 3 and all("Connection refused" in json.loads(line)["error"] for line in set_aside)
+    assert (tmp_path / "out" / "toolself" / "errors.jsonl").stat().st_mode & 0o777 == 0o600  # references inside
     trajectories = (tmp_path / "out" / "toolself" / "trajectories.jsonl").read_text().splitlines()
     assert len(trajectories) == 3  # the failed attempts' trajectories went with their records
 
