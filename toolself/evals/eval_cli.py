@@ -74,9 +74,9 @@ def eval_command(
     temperature: float = typer.Option(0.0, min=0, help="Sampling temperature of the policy (0: greedy)."),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     force: bool = typer.Option(False, help="Add to an output folder made under other settings."),
-    retry_errors: bool = typer.Option(True, "--retry-errors/--keep-errors", help="On a rerun, run again the attempts that ended in an error (a "
-                                      "model server down, a judge failing); their records move to "
-                                      "METHOD/errors.jsonl."),
+    retry_errors: bool = typer.Option(True, "--retry-errors/--keep-errors",
+                                      help="On a rerun, run again the attempts that ended in an error (a model "
+                                           "server down, a judge failing); their records move to METHOD/errors.jsonl."),
     stop_after_errors: Optional[int] = typer.Option(None, min=0, help="Stop once this many attempts in a row ended "
                                                     "in an error, leaving the rest for a rerun (default: the "
                                                     "concurrency, at least 5; 0: never)."),

@@ -280,7 +280,7 @@ class MethodStore:
     @classmethod
     def open(cls, folder: Path, retry_errors: bool = False) -> "MethodStore":
         """The store of `folder`, repaired; with `retry_errors`, the attempts that ended in
-        `error` are set aside (`set_aside_errors`) so that they count as not run."""
+        `error` are set aside (`_set_aside_errors`) so that they count as not run."""
         store = cls(folder)
         store.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(store.folder, 0o700)

@@ -277,9 +277,9 @@ def evaluate(tasks: Sequence[str], methods: Sequence[str], run: EvalRun, out: Pa
             raise ValueError(f"{spec}: task ids are not unique; results could not be keyed by them")
         datasets[spec] = list(loaded)
 
-    identity = run.identity()
+    identity, addresses = run.identity(), run.addresses()
     command = {"tasks": list(tasks), "methods": list(methods), "limit": limit, "repeats": repeats,
-               "concurrency": concurrency, **identity, **({"served_at": run.addresses()} if run.addresses() else {})}
+               "concurrency": concurrency, **identity, **({"served_at": addresses} if addresses else {})}
     private_run_folder(out)
     lock = _single_writer(out)
     try:

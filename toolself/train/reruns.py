@@ -5,14 +5,16 @@ A training run is defined by its base model, its data and its settings, recorded
 the device) is recorded too but defines nothing: those follow the hardware by default, so a run
 resumed on another machine (a GPU without bf16, a node without flash-attn or Liger, a CPU
 without AVX512-BF16) goes on under the new machine's choices, which change roundings and speed
-but not what is trained, and says what changed. A rerun under the same definition resumes from the
-last complete checkpoint, or, when the run had finished, returns its result without training
-again: an 8B model is hours of GPU. A rerun under another definition would resume from (or
-stand on) a model trained otherwise, so it is refused with what differs, unless the caller
-starts afresh (`--no-resume`) or has settled the change itself (the CAT pipeline, whose own
-state refuses changed settings unless forced). A fresh start removes what the old run left:
-a stale `checkpoint-500` would outlive the new run's `checkpoint-45` under the trainer's
-rotation, which keeps the highest step, and be resumed from after a crash.
+but not what is trained, and says what changed.
+
+A rerun under the same definition resumes from the last complete checkpoint, or, when the run
+had finished, returns its result without training again: an 8B model is hours of GPU. A rerun
+under another definition would resume from (or stand on) a model trained otherwise, so it is
+refused with what differs, unless the caller starts afresh (`--no-resume`) or has settled the
+change itself (the CAT pipeline, whose own state refuses changed settings unless forced). A
+fresh start removes what the old run left: a stale `checkpoint-500` would outlive the new run's
+`checkpoint-45` under the trainer's rotation, which keeps the highest step, and be resumed from
+after a crash.
 """
 
 from __future__ import annotations
