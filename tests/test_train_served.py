@@ -9,6 +9,7 @@ when each server ran. The adapters are real LoRA adapters on a random-initialise
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,45 @@ def test_a_server_that_exits_while_starting_is_reported_with_its_log(tmp_path, t
             pass
     assert "CUDA out of memory" in (tmp_path / "vllm-rft.log").read_text()
     assert not list(tmp_path.glob("vllm-*.pid"))
+
+
+CRASHING_SERVER = """#!{python}
+import http.server, json, os, sys
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # up: it lists its models
+        body = json.dumps({{"object": "list", "data": [{{"id": "rft", "object": "model"}}]}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):  # then dies at the first completion, as an engine that hits a CUDA fault
+        print("CUDA error: an illegal memory access was encountered", flush=True)
+        os._exit(3)
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def test_a_server_that_dies_during_the_collection_leaves_the_step_unfinished_and_names_its_log(tmp_path, tiny):
+    from toolself.evals.runner import AttemptsFailing
+    from toolself.train.pipeline import CATSettings, run_step
+
+    out = tmp_path / "cat"
+    random_lora_adapter(tiny, out / "rft", seed=1)
+    crashing = tmp_path / "vllm"
+    crashing.write_text(CRASHING_SERVER.format(python=sys.executable))
+    crashing.chmod(0o755)
+    settings = CATSettings(tasks=["builtin:research?hops=2"], student=str(tiny), limit=1, policy_samples=1,
+                           concurrency=1, timeout=300, max_length=512)
+    with pytest.raises(AttemptsFailing, match=r"(?s)every one of the 1 attempts .*ended in an error.*"
+                                              r"The vLLM server of rft had exited \(exit code 3\): see .*vllm-rft.log"):
+        run_step(settings, out, "collect_policy", server=S.AdapterServer(str(crashing), free_port()))
+    assert "illegal memory access" in (out / "vllm-rft.log").read_text()
+    assert not list(out.glob("vllm-*.pid"))
 
 
 def test_a_server_a_killed_step_left_running_is_stopped_before_the_next_starts(tmp_path):

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from toolself.interrupts import StoppedEarly
+
 
 class ServerError(RuntimeError):
     """A server that did not start, or a port another server holds."""
@@ -84,7 +86,13 @@ class AdapterServer:
                     raise ServerError(f"vLLM did not answer on port {self.port} in {self.startup_seconds:.0f} s: "
                                       f"see {log}")
                 time.sleep(1)
-            yield Served(self.url, str(base))
+            try:
+                yield Served(self.url, str(base))
+            except StoppedEarly as exc:
+                if process.poll() is None:
+                    raise
+                raise type(exc)(f"{exc} The vLLM server of {name} had exited (exit code {process.returncode}): see "
+                                f"{log}.") from exc
         finally:
             stop(process.pid)
             process.wait()
