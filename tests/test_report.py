@@ -39,6 +39,13 @@ def write_run(folder, records, methods=None):
     return folder
 
 
+def commands() -> typer.Typer:
+    app = typer.Typer()
+    app.command("eval")(eval_command)
+    app.command("report")(report_command)
+    return app
+
+
 def test_dataset_names_are_short_unless_two_would_clash():
     assert short_dataset("builtin:research") == "research"
     assert short_dataset("builtin:code?n=5") == "code"
@@ -134,9 +141,7 @@ def test_eval_and_report_commands_run_a_served_model_end_to_end(tmp_path):
             return config
         return call("terminate", answer=str(2 * number_in(messages)))
 
-    app = typer.Typer()
-    app.command("eval")(eval_command)
-    app.command("report")(report_command)
+    app = commands()
     spec = write_tasks(tmp_path / "tasks.jsonl", 3)
     out = tmp_path / "out"
     with serving(ScriptedModel([], default=answer)) as url:
@@ -157,9 +162,7 @@ def test_eval_and_report_commands_run_a_served_model_end_to_end(tmp_path):
 
 
 def test_the_commands_fail_with_a_message_for_an_unknown_method_or_a_missing_folder(tmp_path):
-    app = typer.Typer()
-    app.command("eval")(eval_command)
-    app.command("report")(report_command)
+    app = commands()
     spec = write_tasks(tmp_path / "tasks.jsonl", 1)
     result = CliRunner().invoke(app, ["eval", "--tasks", spec, "--methods", "toolself,nonesuch", "--model", "expert",
                                       "--out", str(tmp_path / "out")])
@@ -174,3 +177,30 @@ def test_a_report_of_a_run_still_being_written_ignores_its_torn_last_line(tmp_pa
         f.write(rec("c", True).to_json()[:40])
     files = write_report([run])
     assert files.table.cell("m", "builtin:research").attempts == 2
+
+
+def test_a_report_says_how_many_attempts_failed_and_ran_again_and_how_many_still_count_as_wrong(tmp_path):
+    from test_runner import failing, run
+
+    spec = write_tasks(tmp_path / "tasks.jsonl", 3)
+    run(tmp_path, spec, model=ScriptedModel([], default=failing), methods=("vanilla",), limit=2)
+    run(tmp_path, spec, model=ScriptedModel([], default=failing), methods=("vanilla",))  # the 2 again, and the third
+    result = CliRunner().invoke(commands(), ["report", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "2 attempt(s) of `vanilla` ended in an error on an earlier run and ran again" in result.output
+    assert "3 attempt(s) ended in an error and count as wrong" in result.output
+    markdown = (tmp_path / "out" / "report" / "report.md").read_text()
+    assert "their records are in `vanilla/errors.jsonl`" in markdown
+
+
+def test_a_clean_run_has_no_error_lines_in_its_report(tmp_path):
+    files = write_report([write_run(tmp_path / "run", [rec("a", True), rec("b", False)])])
+    assert files.runs[0].history == [] and "attempt(s)" not in files.markdown.read_text()
+
+
+def test_identical_set_aside_records_left_by_a_crash_count_once(tmp_path):
+    from toolself.evals.records import count_set_aside
+
+    line = AttemptRecord("builtin:research", "a", "m", 0, status="error", error="x").to_json()
+    (tmp_path / "errors.jsonl").write_text(line + "\n" + line + "\n" + line[:20])
+    assert count_set_aside(tmp_path) == 1

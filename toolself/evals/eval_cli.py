@@ -200,6 +200,9 @@ def report_command(
     except (ValueError, FileNotFoundError) as exc:
         _fail(str(exc))
     console.print(markdown_accuracy(files.table), highlight=False, markup=False)
+    for run in files.runs:
+        for line in run.history:
+            console.print(f"{run.folder}: {line}", highlight=False, markup=False, soft_wrap=True)
     for c in files.comparisons:
         console.print(markdown_comparison(c, limit=10), highlight=False, markup=False)
     console.print("wrote " + ", ".join(str(p) for p in files.files), highlight=False)

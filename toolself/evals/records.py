@@ -382,6 +382,16 @@ class MethodStore:
             self._results = self._trajectories = None
 
 
+def count_set_aside(folder: Path) -> int:
+    """How many failed attempts of a method folder were set aside to run again. A crash while
+    setting aside copies the same records twice (`MethodStore._set_aside_errors`), so identical
+    lines count once; a torn last line is ignored."""
+    path = Path(folder) / SET_ASIDE
+    if not path.exists():
+        return 0
+    return len({line for line in path.read_text(encoding="utf-8").split("\n")[:-1] if line.strip()})
+
+
 def read_records(folder: Path) -> list[AttemptRecord]:
     """The committed records of a method folder, read-only (a torn last line is ignored)."""
     path = Path(folder) / RESULTS

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from toolself.evals.records import AttemptRecord, read_records
+from toolself.evals.records import SET_ASIDE, AttemptRecord, count_set_aside, read_records
 
 RUN_FILE = "run.json"
 _KINDS = ("builtin", "gaia", "frames", "xbench", "swebench", "hotpotqa", "gsm8k", "jsonl")
@@ -174,6 +174,19 @@ class Run:
     folder: Path
     settings: dict[str, Any]
     records: list[AttemptRecord]
+    set_aside: dict[str, int] = field(default_factory=dict)  # method -> failed attempts that ran again
+
+    @property
+    def history(self) -> list[str]:
+        """What the table alone hides: attempts that failed on an earlier run and ran again, and
+        attempts that still ended in an error (counted wrong)."""
+        lines = [f"{n} attempt(s) of `{m}` ended in an error on an earlier run and ran again; "
+                 f"their records are in `{m}/{SET_ASIDE}`" for m, n in self.set_aside.items() if n]
+        failed = sum(r.status == "error" for r in self.records)
+        if failed:
+            lines.append(f"{failed} attempt(s) ended in an error and count as wrong; "
+                         "a rerun of the same command runs them again")
+        return lines
 
     @property
     def methods(self) -> list[str]:
@@ -197,11 +210,13 @@ def load_run(folder: Path) -> Run:
         settings = dict(data.get("last_command") or {})
         settings.update(data.get("identity") or {})
     records = []
+    set_aside = {}
     for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
         records.extend(read_records(sub))
+        set_aside[sub.name] = count_set_aside(sub)
     if not records and not run_file.exists():
         raise FileNotFoundError(f"{folder} holds no eval results (no run.json, no */results.jsonl)")
-    return Run(folder, settings, records)
+    return Run(folder, settings, records, {m: n for m, n in set_aside.items() if n})
 
 
 def _arm_labels(runs: Sequence[Run]) -> dict[tuple[int, str], str]:
@@ -460,6 +475,7 @@ class ReportFiles:
     files: list[Path]
     table: Table
     comparisons: list[Comparison]
+    runs: list[Run] = field(default_factory=list)
 
 
 def write_report(dirs: Sequence[Path], out: Path | None = None, compare_runs: bool | None = None,
@@ -515,6 +531,7 @@ def write_report(dirs: Sequence[Path], out: Path | None = None, compare_runs: bo
         preflight = run.folder / "preflight.json"  # needs the run was allowed to miss (`--allow-missing`)
         if preflight.exists():
             md += [f"  - **warning**: {w}" for w in json.loads(preflight.read_text(encoding="utf-8"))["warnings"]]
+        md += [f"  - {line}" for line in run.history]
     repeats = max((c.repeats for c in table.cells.values()), default=1)
     md += ["", "## Accuracy (%)", "",
            "Mean over repeats ± standard error across repeats." if repeats > 1 else
@@ -532,4 +549,4 @@ def write_report(dirs: Sequence[Path], out: Path | None = None, compare_runs: bo
     markdown = out / "report.md"
     markdown.write_text("\n".join(md), encoding="utf-8")
     files.insert(0, markdown)
-    return ReportFiles(markdown, files, table, found)
+    return ReportFiles(markdown, files, table, found, runs)
