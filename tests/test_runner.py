@@ -443,7 +443,8 @@ def test_a_run_killed_mid_way_resumes_to_exactly_the_uninterrupted_result(tmp_pa
         trajectories = [json.loads(line) for line in (folder / "trajectories.jsonl").read_text().splitlines()]
         assert sorted(t["id"] for t in trajectories) == sorted(r.trajectory_id for r in records)
     assert comparable(r for m in ("toolself", "vanilla") for r in read_records(out / m)) == comparable(reference.records)
-    from toolself.evals.report import load_run, aggregate
+    from toolself.evals.report import aggregate
+    from toolself.evals.runs import load_run
 
     assert aggregate(load_run(out).records).summary() == reference.table.summary()
 

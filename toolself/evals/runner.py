@@ -60,7 +60,8 @@ from toolself.evals.records import (
     private_run_folder,
     safe_name,
 )
-from toolself.evals.report import RUN_FILE, Table, aggregate
+from toolself.evals.report import Table, aggregate
+from toolself.evals.runs import RUN_FILE
 from toolself.evals.suites.common import suite_key_id
 from toolself.interrupts import StoppedEarly
 from toolself.models.base import ChatModel
