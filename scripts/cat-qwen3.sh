@@ -38,7 +38,7 @@ if [ "${CAT_MINIATURE:-0}" = 1 ]; then
   TRAIN_TASKS="builtin:research?hops=2"; TEST_TASKS="builtin:research?hops=2"
   TRAIN_SPLIT=train; TEST_SPLIT=heldout
   REPEATS=2; CONCURRENCY=${CONCURRENCY:-2}
-  EVAL_ARGS=(--limit 1 --max-stages 3 --max-steps 4 --timeout 300)
+  EVAL_ARGS=(--limit 1 --max-stages 3 --max-steps 4 --max-tokens 8000 --timeout 300)
   RFT_ARGS=(--max-steps 1 --batch-size 2 --grad-accum 1 --max-length 512)
   KTO_ARGS=(--max-steps 1 --batch-size 2 --grad-accum 1 --max-length 512)
   VLLM=${VLLM:-}  # none: toolself's engine; CI passes a stand-in that serves as `vllm serve` does
