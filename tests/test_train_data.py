@@ -317,3 +317,102 @@ def test_data_command_prints_counts_lengths_and_balance(tmp_path):
     assert report["sft"]["build"]["trajectories"] == 1 and report["sft"]["sequence_tokens"]["count"] == 3
     assert report["kto"]["labels"] == {"desirable": 6, "undesirable": 6}
     assert report["kto"]["by_kind"]["configure"] == {"desirable": 2, "undesirable": 2}
+
+
+# -- Qwen3's own chat template (the copy TRL ships), on the default tokenizer: both are ChatML --
+
+@pytest.fixture(scope="module")
+def qwen3_tokenizer():
+    from importlib.resources import files
+
+    from transformers import AutoTokenizer
+
+    from toolself.models.local import default_model_dir
+
+    template = files("trl") / "chat_templates" / "qwen3.jinja"
+    if not template.is_file():
+        pytest.skip("this TRL release ships no copy of Qwen3's chat template")
+    tokenizer = AutoTokenizer.from_pretrained(str(default_model_dir()))
+    tokenizer.chat_template = template.read_text(encoding="utf-8")
+    return tokenizer
+
+
+def thinking(replies) -> list[str]:
+    """The replies as a thinking model writes them: each after a reasoning of its own."""
+    text = [r if isinstance(r, str) else D.to_text_messages([r], None)[0]["content"] for r in replies]
+    return [f"<think>\nstep {i}: what next?\n</think>\n\n{t}" for i, t in enumerate(text)]
+
+
+def test_under_qwen3s_template_each_reply_is_trained_after_exactly_its_prompt_and_with_its_think_block(
+        qwen3_tokenizer):
+    renderer = D.Renderer(qwen3_tokenizer, D.tool_schemas(POOL))
+    trajectory = run(TWO_STAGES)
+    conversations = list(trajectory.conversations())
+    examples = D.sft_sequences(trajectory, renderer)
+    for ex in examples:
+        for (a, b), tag in zip(loss_spans(ex), json.loads(ex["decisions"])):
+            ci, k, _ = tag.split(":")
+            c = conversations[int(ci)].calls[int(k)]
+            assert ex["input_ids"][:a] == renderer.prompt_ids(conversations[int(ci)].visible(c), c.tools)
+            assert qwen3_tokenizer.decode(ex["input_ids"][a:b]).startswith("<think>\n\n</think>\n\n")  # as Qwen3 emits
+    assert len(examples) == len(all_calls(trajectory))  # no reply could be packed after another (next test)
+
+
+def test_a_template_that_rerenders_earlier_replies_is_named_with_the_context_tokens_it_makes_training_reread(
+        qwen3_tokenizer, renderer):
+    trajectory = run(TWO_STAGES)
+    _, packed = D.build_sft_dataset([trajectory], renderer)
+    dataset, stats = D.build_sft_dataset([trajectory], D.Renderer(qwen3_tokenizer, D.tool_schemas(POOL)))
+    assert packed.unpacked == 0 and not packed.notes
+    assert stats.unpacked == 3  # the second and third calls of stage 0, the second of stage 1
+    total = sum(len(ids) for ids in dataset["input_ids"])
+    assert 0 < stats.reread_tokens < total
+    assert len(stats.notes) == 1 and "3 of 6 decisions began a sequence of their own" in stats.notes[0]
+    assert f"{stats.reread_tokens:,} context tokens are read again" in stats.notes[0]
+
+
+def test_under_qwen3s_template_replies_that_keep_their_reasoning_pack_as_under_the_default_template(
+        qwen3_tokenizer, renderer):
+    trajectory = run(thinking(TWO_STAGES))
+    qwen3 = D.Renderer(qwen3_tokenizer, D.tool_schemas(POOL), PAPER)  # the paper's protocol keeps <think>
+    default = D.Renderer(renderer.tokenizer, D.tool_schemas(POOL), PAPER)
+    stats = D.BuildStats()
+    grouped = [json.loads(ex["decisions"]) for ex in D.sft_sequences(trajectory, qwen3, stats=stats)]
+    assert grouped == [json.loads(ex["decisions"]) for ex in D.sft_sequences(trajectory, default)]
+    assert stats.unpacked == 0 and len(grouped) == 3
+
+
+def test_the_data_command_names_a_qwen3_students_rereading_cost(tmp_path, qwen3_tokenizer):
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from toolself.models.local import default_model_dir
+    from toolself.train.cli import train_app
+    from toolself.trajectory import write_jsonl
+
+    student = tmp_path / "qwen3-shaped"
+    qwen3_tokenizer.save_pretrained(str(student))
+    shutil.copy(default_model_dir() / "config.json", student / "config.json")
+    write_jsonl(tmp_path / "t.jsonl", [run(TWO_STAGES, True)])
+    (tmp_path / "tools.json").write_text(json.dumps(D.tool_schemas(POOL)))
+    result = CliRunner().invoke(train_app, ["data", str(tmp_path / "t.jsonl"), "--kind", "sft", "--student",
+                                            f"local:{student}", "--json"])
+    assert result.exit_code == 0, result.output
+    build = json.loads(result.output)["sft"]["build"]
+    assert build["unpacked"] == 3 and "began a sequence of their own" in build["notes"][0]
+
+
+def test_the_chat_template_benchmark_prints_qwen3s_cost_against_the_default_template(qwen3_tokenizer):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "chat_templates.py"), "--tasks",
+                           "builtin:research?hops=2", "--limit", "2"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout[done.stdout.index("{\n"):])
+    default, qwen3 = report["templates"]["default (SmolLM2)"], report["templates"]["qwen3"]
+    assert default["unpacked"] == 0 and qwen3["unpacked"] > 0 and qwen3["sequences"] == qwen3["decisions"]
+    assert report["qwen3_over_default_sequence_tokens"] > 1

@@ -218,6 +218,8 @@ def _training_data(collection: Collection, trajectories: list[Path], model: str,
     built = build(found, schemas, weights, max_length, _rendering(_run_preset(collection.preset)))
     built.info["preset"] = collection.preset
     _warn_truncated(built.build, max_length)
+    for note in built.build.notes:
+        warn(note)
     return found, built, weights
 
 

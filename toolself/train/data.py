@@ -87,6 +87,7 @@ class Decision:
     recorded_ids: bool  # completion_ids are the backend's own, not a re-tokenization
     rejected: bool = False  # a configuration the validator rejected
     prompt_len_recorded: int | None = None  # the backend's prompt length, when it knew the ids
+    context_grew: bool = False  # saw the previous call's context, its reply and what followed, none of it cut
 
 
 class Renderer:
@@ -144,7 +145,11 @@ class Renderer:
     def decisions(self, trajectory: Trajectory) -> Iterator[Decision]:
         for ci, conversation in enumerate(trajectory.conversations()):
             for k, call in enumerate(conversation.calls):
-                yield self.decision(trajectory, ci, conversation, k, call)
+                decision = self.decision(trajectory, ci, conversation, k, call)
+                if k:
+                    before = conversation.calls[k - 1]
+                    decision.context_grew = call.view[: len(before.view) + 1] == before.view + [[before.output, None]]
+                yield decision
 
     def decision(self, trajectory: Trajectory, ci: int, conversation: Conversation, k: int,
                  call: ModelCall) -> Decision:
@@ -183,7 +188,22 @@ class BuildStats:
     recorded_ids: int = 0
     prompt_mismatches: int = 0  # rebuilt prompt length differs from the backend's record
     masked_rejected: int = 0
+    unpacked: int = 0  # decisions whose grown context still began a new sequence (see `template_note`)
+    reread_tokens: int = 0  # the prompt tokens those decisions read again
     notes: list[str] = field(default_factory=list)
+
+    def template_note(self, sequence_tokens: int) -> None:
+        """Name the cost of a chat template that renders a reply differently once a turn follows
+        it (Qwen3's drops an empty `<think>` block from all but the last reply): no decision can
+        continue the sequence before it, so each is trained on its own copy of the context."""
+        if self.unpacked:
+            self.notes.append(
+                f"{self.unpacked} of {self.decisions} decisions began a sequence of their own although their "
+                "context only grew: the chat template renders a reply differently once another turn follows it "
+                f"(Qwen3's drops an empty <think> block), so {self.reread_tokens:,} context tokens are read again "
+                f"({self.reread_tokens / max(1, sequence_tokens):.0%} of {sequence_tokens:,}); replies that keep a "
+                "reasoning (a thinking teacher under --preset paper, whose protocol keeps <think>) pack as usual "
+                "(docs/training.md)")
 
 
 @dataclass
@@ -199,6 +219,15 @@ def _check(decision: Decision, stats: BuildStats) -> None:
     stats.recorded_ids += decision.recorded_ids
     if decision.prompt_len_recorded is not None and decision.prompt_len_recorded != len(decision.prompt_ids):
         stats.prompt_mismatches += 1
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _fit(prompt: list[int], completion: list[int], max_length: int) -> tuple[list[int], list[int], bool]:
@@ -242,6 +271,10 @@ def sft_sequences(trajectory: Trajectory, renderer: Renderer, max_length: int = 
                    and len(d.prompt_ids) >= len(current.input_ids)
                    and d.prompt_ids[: len(current.input_ids)] == current.input_ids
                    and len(d.prompt_ids) + len(d.completion_ids) <= max_length)
+        if not extends and current is not None and d.context_grew and d.conversation == last_conversation \
+                and len(d.prompt_ids) + len(d.completion_ids) <= max_length:
+            stats.unpacked += 1
+            stats.reread_tokens += _common_prefix(d.prompt_ids, current.input_ids)
         if extends:
             assert current is not None
             tail = d.prompt_ids[len(current.input_ids):]
@@ -337,6 +370,7 @@ def build_sft_dataset(trajectories: Iterable[Trajectory], renderer: Renderer, ma
         stats.trajectories += 1
         rows.extend(sft_sequences(t, renderer, max_length, mask_rejected, stats))
     stats.examples = len(rows)
+    stats.template_note(sum(len(r["input_ids"]) for r in rows))
     columns = ["input_ids", "labels", "trajectory_id", "task_id", "decisions", "truncated"]
     return Dataset.from_dict({c: [r[c] for r in rows] for c in columns}), stats
 

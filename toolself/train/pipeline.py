@@ -324,6 +324,8 @@ def _data_sft(step: Step) -> dict[str, Any]:
         raise EmptyData(f"none of the teacher's {len(trajectories)} attempts succeeded: nothing to fine-tune "
                         "on (more samples, looser budgets or a stronger teacher); rerun to retry this step")
     save_dataset(dataset, step.out / "data" / "sft", built.info)
+    for note in stats.notes:
+        step.echo(f"note: {note}")
     return {"examples": len(dataset), "trajectories": stats.trajectories,
             "rejected_trajectories": stats.skipped_trajectories, "truncated": stats.truncated}
 
