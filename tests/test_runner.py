@@ -484,3 +484,20 @@ def test_every_method_runs_on_every_built_in_suite_with_the_expert_policy(tmp_pa
     assert stages["vanilla"] == 1 and stages["toolself"] > 1
     files = write_report([tmp_path / "out"])
     assert all(f"| {name} |" in files.markdown.read_text() for name in names)
+
+
+def test_a_run_of_a_local_model_resumes_from_where_the_model_moved_but_not_from_a_copy_beside_it(tmp_path, tiny):
+    import shutil
+
+    spec = write_tasks(tmp_path / "tasks.jsonl", 2)
+    once = {"methods": ("vanilla",), "settings": {"max_steps_per_stage": 1}, "timeout": 60}
+    first = shutil.copytree(tiny, tmp_path / "first")
+    run(tmp_path, spec, model=f"local:{first}", limit=1, **once)
+    moved = shutil.move(first, tmp_path / "moved")  # a folder moved, or the model mounted elsewhere
+    resumed = run(tmp_path, spec, model=f"local:{moved}", **once)
+    assert (resumed.skipped, resumed.ran) == (1, 1)
+    saved = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert saved["identity"]["model"] == f"local:{moved}"
+    copy = shutil.copytree(moved, tmp_path / "copy")  # while the model is still there, this is another one
+    with pytest.raises(SettingsMismatch, match=f"model: was 'local:{moved}', now 'local:{copy}'"):
+        run(tmp_path, spec, model=f"local:{copy}", **once)

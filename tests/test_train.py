@@ -363,3 +363,24 @@ def test_kto_is_skipped_when_every_policy_attempt_has_the_same_outcome(tmp_path,
     assert (tmp_path / "kto" / "adapter_config.json").is_file(), "the RFT model stands where the KTO model would"
     assert not (tmp_path / "kto" / "checkpoints").exists()
     assert any(line.startswith("[kto] skipped:") for line in lines)
+
+
+def test_a_cat_run_resumes_with_its_student_mounted_elsewhere_but_not_with_a_copy_beside_it(tmp_path, tiny):
+    import shutil
+
+    from toolself.train.pipeline import CATSettings, PipelineMismatch, run_cat
+
+    def settings(student) -> CATSettings:
+        return CATSettings(tasks=["builtin:research?hops=2"], teacher="expert", teacher_samples=1, limit=1,
+                           concurrency=1, student=str(student))
+
+    out = tmp_path / "cat"
+    first = shutil.copytree(tiny, tmp_path / "first")
+    run_cat(settings(first), out, stop_after="collect_teacher", echo=lambda line: None)
+    elsewhere = shutil.move(first, tmp_path / "mounted-elsewhere")
+    lines: list[str] = []
+    run_cat(settings(elsewhere), out, stop_after="collect_teacher", echo=lines.append)
+    assert lines == ["[collect_teacher] done earlier, skipped"]
+    copy = shutil.copytree(elsewhere, tmp_path / "copy")
+    with pytest.raises(PipelineMismatch, match=f"student: was '{elsewhere}', now '{copy}'"):
+        run_cat(settings(copy), out, stop_after="collect_teacher", echo=lambda line: None)

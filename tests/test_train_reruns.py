@@ -263,10 +263,19 @@ def test_a_base_model_mounted_at_another_path_is_the_same_base(finished, tiny, t
     from toolself.train.rft import train_rft
     from toolself.train.rft_config import RFTConfig
 
-    elsewhere = tmp_path / "models" / "tiny"  # the node a run resumes on mounts its models elsewhere
-    shutil.copytree(tiny, elsewhere)
-    again = train_rft(tiny_sft[0], elsewhere, finished, RFTConfig(**settings(finished)), resume=True)
+    resumed = shutil.copytree(finished, tmp_path / "run")
+    recorded = json.loads((resumed / "train_settings.json").read_text())
+    recorded["base"]["path"] = str(tmp_path / "node-a" / "models" / "tiny")  # not mounted here
+    (resumed / "train_settings.json").write_text(json.dumps(recorded))
+    again = train_rft(tiny_sft[0], tiny, resumed, RFTConfig(**settings(resumed)), resume=True)
     assert again.extra["finished_earlier"]
+
+
+def test_a_copy_of_the_base_beside_the_original_is_another_base(finished, tiny, tmp_path):
+    copy = shutil.copytree(tiny, tmp_path / "copy")  # the same config and file sizes: not proof of one model
+    recorded = json.loads((finished / "train_settings.json").read_text())["base"]
+    assert not R.same_base(recorded, R.base_identity(copy))
+    assert R.same_base(recorded, R.base_identity(tiny))
 
 
 def test_another_model_at_the_same_path_is_another_base(tmp_path, tiny):

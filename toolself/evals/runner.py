@@ -55,26 +55,20 @@ from toolself.evals.records import (
     AttemptKey,
     AttemptRecord,
     MethodStore,
-    atomic_write_text,
-    changed_settings,
     private_run_folder,
     safe_name,
 )
 from toolself.evals.report import Table, aggregate
-from toolself.evals.runs import RUN_FILE
+from toolself.evals.runs import SettingsMismatch, check_run_file
 from toolself.evals.suites.common import suite_key_id
 from toolself.interrupts import StoppedEarly
 from toolself.models.base import ChatModel
-from toolself.models.spec import ModelSpec, served_name
+from toolself.models.digests import base_identity
+from toolself.models.spec import ModelSpec
 from toolself.tools.base import ToolPool
 from toolself.trajectory import Trajectory
 from toolself.variants import settings_for
 
-RUN_FORMAT = 1
-
-
-class SettingsMismatch(ValueError):
-    """The output folder holds results made under other settings."""
 
 
 class RunInProgress(RuntimeError):
@@ -165,6 +159,18 @@ class EvalRun:
                 "freeze": list(self.freeze), "settings": {k: self.agent[k] for k in sorted(self.agent)},
                 "model_options": {k: self.model_options[k] for k in sorted(self.model_options)}}
 
+    def weights(self) -> dict[str, dict[str, Any]]:
+        """What each `local:` model of the run holds (`digests.base_identity`), for the record of a
+        command: a rerun from a moved folder, or with the model mounted elsewhere, is the same run."""
+        found = {}
+        for role, model in (("model", self.model), ("config_model", self.config_model), ("judge", self.judge)):
+            if isinstance(model, ModelSpec) and model.kind == "local":
+                try:
+                    found[role] = base_identity(model.weights())
+                except FileNotFoundError:  # loading it says so, with the path
+                    continue
+        return found
+
     def addresses(self) -> dict[str, str]:
         """Where each served model of the run was reached, for the record of a command."""
         return {role: model.text for role, model in (("model", self.model), ("config_model", self.config_model),
@@ -177,31 +183,6 @@ def _name(model: Any) -> str | None:
         return None if model is None else model.identity
     inner = getattr(model, "model", None)
     return getattr(model, "name", None) or getattr(inner, "name", None) or type(model).__name__
-
-
-def _check_run_file(out: Path, identity: dict[str, Any], command: dict[str, Any], force: bool) -> None:
-    path = out / RUN_FILE
-    data: dict[str, Any] = {"format": RUN_FORMAT, "identity": identity, "commands": []}
-    if path.exists():
-        existing = json.loads(path.read_text(encoding="utf-8"))
-        old = _without_addresses(existing.get("identity", {}))
-        differ = changed_settings(old, identity)
-        if differ and not force:
-            raise SettingsMismatch(f"{out} holds results made under other settings; rerunning would mix them:\n"
-                                   + "\n".join(f"  {line}" for line in differ)
-                                   + "\nUse another --out folder, or --force to add to it anyway.")
-        data["commands"] = list(existing.get("commands", []))
-        if differ:
-            data["forced_over"] = existing.get("forced_over", []) + [existing.get("identity", {})]
-    data["commands"].append({**command, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    data["last_command"] = command
-    atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-
-
-def _without_addresses(identity: dict[str, Any]) -> dict[str, Any]:
-    """An identity as recorded before models were known by their served names."""
-    return {k: served_name(v) if k in ("model", "config_model", "judge") and isinstance(v, str) else v
-            for k, v in identity.items()}
 
 
 def run_eval(
@@ -278,13 +259,14 @@ def evaluate(tasks: Sequence[str], methods: Sequence[str], run: EvalRun, out: Pa
             raise ValueError(f"{spec}: task ids are not unique; results could not be keyed by them")
         datasets[spec] = list(loaded)
 
-    identity, addresses = run.identity(), run.addresses()
+    identity, addresses, weights = run.identity(), run.addresses(), run.weights()
     command = {"tasks": list(tasks), "methods": list(methods), "limit": limit, "repeats": repeats,
-               "concurrency": concurrency, **identity, **({"served_at": addresses} if addresses else {})}
+               "concurrency": concurrency, **identity, **({"served_at": addresses} if addresses else {}),
+               **({"weights": weights} if weights else {})}
     private_run_folder(out)
     lock = _single_writer(out)
     try:
-        _check_run_file(out, identity, command, force)
+        check_run_file(out, identity, command, force)
         _clear_stale_workspaces(out / "workspaces")
 
         stores = {m: MethodStore.open(out / safe_name(m), retry_errors=retry_errors) for m in methods}

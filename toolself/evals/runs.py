@@ -1,16 +1,26 @@
-"""An eval output folder read back: the settings it ran with, its committed records, and how
-many failed attempts were set aside to run again (`errors.jsonl`)."""
+"""An eval output folder's run.json, checked against a rerun's settings and written, and the
+folder read back: the settings it ran with, its committed records, and how many failed attempts
+were set aside to run again (`errors.jsonl`)."""
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolself.evals.records import SET_ASIDE, AttemptRecord, count_set_aside, read_records
+from toolself.evals.records import (SET_ASIDE, AttemptRecord, atomic_write_text, changed_settings, count_set_aside,
+                                    read_records)
+from toolself.models.digests import same_base
+from toolself.models.spec import served_name
 
 RUN_FILE = "run.json"
+RUN_FORMAT = 1
+
+
+class SettingsMismatch(ValueError):
+    """The output folder holds results made under other settings."""
 
 
 @dataclass
@@ -63,3 +73,44 @@ def load_run(folder: Path) -> Run:
     if not records and not run_file.exists():
         raise FileNotFoundError(f"{folder} holds no eval results (no run.json, no */results.jsonl)")
     return Run(folder, settings, records, {m: n for m, n in set_aside.items() if n})
+
+
+def check_run_file(out: Path, identity: dict[str, Any], command: dict[str, Any], force: bool) -> None:
+    """Record the command in run.json, refusing (unless forced) a run folder whose results were
+    made under another identity: another model (known by its served name, or a `local:` model
+    by what it holds), budgets, split, seed or suite key."""
+    path = out / RUN_FILE
+    data: dict[str, Any] = {"format": RUN_FORMAT, "identity": identity, "commands": []}
+    if path.exists():
+        existing = json.loads(path.read_text(encoding="utf-8"))
+        old = _moved_models(_without_addresses(existing.get("identity", {})), identity, existing,
+                            command.get("weights", {}))
+        differ = changed_settings(old, identity)
+        if differ and not force:
+            raise SettingsMismatch(f"{out} holds results made under other settings; rerunning would mix them:\n"
+                                   + "\n".join(f"  {line}" for line in differ)
+                                   + "\nUse another --out folder, or --force to add to it anyway.")
+        data["commands"] = list(existing.get("commands", []))
+        if differ:
+            data["forced_over"] = existing.get("forced_over", []) + [existing.get("identity", {})]
+    data["commands"].append({**command, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    data["last_command"] = command
+    atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def _moved_models(old: dict[str, Any], identity: dict[str, Any], existing: dict[str, Any],
+                  weights: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`old` with each `local:` model that moved since the run recorded it (`digests.same_base`)
+    known by its new path: the same run."""
+    recorded: dict[str, Any] = {}
+    for command in existing.get("commands", []):
+        recorded.update(command.get("weights") or {})
+    moved = {role: identity[role] for role, now in weights.items()
+             if old.get(role) != identity.get(role) and role in recorded and same_base(recorded[role], now)}
+    return {**old, **moved}
+
+
+def _without_addresses(identity: dict[str, Any]) -> dict[str, Any]:
+    """An identity as recorded before models were known by their served names."""
+    return {k: served_name(v) if k in ("model", "config_model", "judge") and isinstance(v, str) else v
+            for k, v in identity.items()}

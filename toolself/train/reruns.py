@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from toolself.evals.records import atomic_write_text, changed_settings
+from toolself.models.digests import base_identity, same_base
 from toolself.train.checkpoints import last_complete_checkpoint, remove_checkpoints
 
 logger = logging.getLogger(__name__)
@@ -100,37 +101,6 @@ def defining(definition: dict[str, Any]) -> dict[str, Any]:
 def compute_of(definition: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in definition.get("settings", {}).items() if k in COMPUTE_FIELDS},
             **definition.get("compute", {})}
-
-
-def base_identity(base: Path) -> dict[str, Any]:
-    """The base's resolved path, and a digest of what it holds, which decides (`same_base`): for
-    an adapter (a few MB), of its files, since a KTO run stands on an RFT adapter that a rerun of
-    RFT may replace in the same folder; for a full model (16 GB for 8B), of its config and its
-    weight files' names and sizes. The path is for people to read: a run folder moved or copied,
-    or a model mounted elsewhere on another node, is the same base."""
-    identity: dict[str, Any] = {"path": str(base.resolve())}
-    digest = hashlib.sha256()
-    if (base / "adapter_config.json").is_file():
-        for name in sorted(p.name for p in base.glob("adapter_model.*")) + ["adapter_config.json"]:
-            with open(base / name, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(block)
-        identity["adapter"] = digest.hexdigest()
-    elif (base / "config.json").is_file():
-        digest.update((base / "config.json").read_bytes())
-        for weights in sorted(p for p in base.iterdir() if p.suffix in (".safetensors", ".bin")):
-            digest.update(f"{weights.name}:{weights.stat().st_size}\n".encode())
-        identity["model"] = digest.hexdigest()
-    return identity
-
-
-def same_base(was: dict[str, Any], now: dict[str, Any]) -> bool:
-    """Whether two recorded bases are one model: by their digests, or by their paths where one
-    was recorded without (full models were known by their path alone before)."""
-    digests = [key for key in ("adapter", "model") if key in was and key in now]
-    if digests:
-        return all(was[key] == now[key] for key in digests)
-    return was.get("path") == now.get("path") and was.get("adapter") == now.get("adapter")
 
 
 def data_digest(dataset: Any, columns: list[str]) -> str:

@@ -1,0 +1,47 @@
+"""What a model directory holds, known without its path: a run folder moved or copied, or a
+model mounted elsewhere on another node, holds the same model. Training runs know their base by
+it (`train.reruns`), evaluations the `local:` models they ran (`evals.runner`) and a CAT run its
+student (`train.pipeline`)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+
+def base_identity(base: Path) -> dict[str, Any]:
+    """The base's resolved path, and a digest of what it holds, which decides (`same_base`): for
+    an adapter (a few MB), of its files, since a KTO run stands on an RFT adapter that a rerun of
+    RFT may replace in the same folder; for a full model (16 GB for 8B), of its config and its
+    weight files' names and sizes. A run folder moved or copied to another node, or a model
+    mounted elsewhere there, is the same base (`same_base` says when the path matters)."""
+    identity: dict[str, Any] = {"path": str(base.resolve())}
+    digest = hashlib.sha256()
+    if (base / "adapter_config.json").is_file():
+        for name in sorted(p.name for p in base.glob("adapter_model.*")) + ["adapter_config.json"]:
+            with open(base / name, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+        identity["adapter"] = digest.hexdigest()
+    elif (base / "config.json").is_file():
+        digest.update((base / "config.json").read_bytes())
+        for weights in sorted(p for p in base.iterdir() if p.suffix in (".safetensors", ".bin")):
+            digest.update(f"{weights.name}:{weights.stat().st_size}\n".encode())
+        identity["model"] = digest.hexdigest()
+    return identity
+
+
+def same_base(was: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Whether two recorded bases are one model. An adapter's digest covers every byte, so it
+    decides alone. A full model's covers its config and its files' names and sizes, which two
+    checkpoints of one shape can share: it decides where the path is the same or the old one is
+    gone (a run folder moved, a model mounted elsewhere on another node), and while the old path
+    is still there a model at another path is another model. Bases recorded without a digest
+    (full models were known by their path alone before) are known by their path."""
+    if "adapter" in was and "adapter" in now:
+        return was["adapter"] == now["adapter"]
+    if "model" in was and "model" in now:
+        path = was.get("path")
+        return was["model"] == now["model"] and (path == now.get("path") or not path or not Path(path).exists())
+    return was.get("path") == now.get("path") and was.get("adapter") == now.get("adapter")
