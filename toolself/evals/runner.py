@@ -70,7 +70,6 @@ from toolself.trajectory import Trajectory
 from toolself.variants import settings_for
 
 
-
 class RunInProgress(RuntimeError):
     """Another runner holds the output folder."""
 

@@ -1,6 +1,6 @@
-"""What a model directory holds, known without its path: a run folder moved or copied, or a
-model mounted elsewhere on another node, holds the same model. Training runs know their base by
-it (`train.reruns`), evaluations the `local:` models they ran (`evals.runner`) and a CAT run its
+"""What a model directory holds, so that a run moved to another node, or resumed with its model
+mounted elsewhere, knows the model by more than its path. Training runs know their base by it
+(`train.reruns`), evaluations the `local:` models they ran (`evals.runner`) and a CAT run its
 student (`train.pipeline`)."""
 
 from __future__ import annotations
