@@ -486,7 +486,7 @@ def test_every_method_runs_on_every_built_in_suite_with_the_expert_policy(tmp_pa
     assert all(f"| {name} |" in files.markdown.read_text() for name in names)
 
 
-def test_a_run_of_a_local_model_resumes_from_where_the_model_moved_but_not_from_a_copy_beside_it(tmp_path, tiny):
+def test_a_run_of_a_local_model_resumes_where_the_model_moved_but_not_from_a_copy_beside_it(tmp_path, tiny):
     import shutil
 
     spec = write_tasks(tmp_path / "tasks.jsonl", 2)
