@@ -416,3 +416,31 @@ def test_the_chat_template_benchmark_prints_qwen3s_cost_against_the_default_temp
     default, qwen3 = report["templates"]["default (SmolLM2)"], report["templates"]["qwen3"]
     assert default["unpacked"] == 0 and qwen3["unpacked"] > 0 and qwen3["sequences"] == qwen3["decisions"]
     assert report["qwen3_over_default_sequence_tokens"] > 1
+
+
+def test_a_local_qwen3_student_writes_a_constrained_reply_as_training_renders_it(tmp_path, tiny, qwen3_tokenizer):
+    import shutil
+
+    from toolself.models import load_model
+    from toolself.models.base import Message
+
+    student = shutil.copytree(tiny, tmp_path / "qwen3-student")
+    qwen3_tokenizer.save_pretrained(str(student))
+    question = [Message(role="user", content="Which context mode?")]
+    model = load_model(f"local:{student}")
+    try:
+        reply = model.complete(question, response_schema={
+            "type": "object", "properties": {"mode": {"enum": ["basic", "history"]}}, "required": ["mode"]})
+        call_reply = model.complete(question, tools=[D.tool_schemas(POOL)["lookup"]], max_tokens=24)
+    finally:
+        model.close()
+    written = qwen3_tokenizer.decode(reply.completion_token_ids)
+    assert written.startswith("<think>\n\n</think>\n\n{") and json.loads(reply.message.content)["mode"]
+    assert written == D.Renderer(qwen3_tokenizer, D.tool_schemas(POOL)).completion_text(question, reply.message, [])
+    assert qwen3_tokenizer.decode(call_reply.completion_token_ids).startswith("<think>\n\n</think>\n\n<tool_call>")
+
+
+def test_a_chatml_template_opens_a_reply_with_nothing_and_qwen3s_with_an_empty_think_block(tokenizer, qwen3_tokenizer):
+    from toolself.models.local import reply_opening
+
+    assert reply_opening(tokenizer) == "" and reply_opening(qwen3_tokenizer) == "<think>\n\n</think>\n\n"

@@ -303,6 +303,22 @@ class Sampling:
     seed: int = 0
 
 
+def reply_opening(tokenizer: Any) -> str:
+    """What the chat template writes at the start of an assistant reply before the reply itself,
+    when the reply carries no reasoning: Qwen3's renders an empty `<think>` block there, ChatML
+    templates nothing. A grammar-constrained reply starts with it, so that the model writes what
+    a served model writes and what training data renders (`train.data.Renderer`)."""
+    probe = [{"role": "user", "content": "?"}]
+    try:
+        prompt = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+        full = tokenizer.apply_chat_template(probe + [{"role": "assistant", "content": "!"}], tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that cannot render the probe opens replies with nothing
+        return ""
+    if not full.startswith(prompt) or "!" not in full[len(prompt):]:
+        return ""
+    return full[len(prompt):].split("!", 1)[0]
+
+
 class EmbeddedModel:
     """A local transformers model behind the ChatModel protocol, grammar-constrained, with KV
     caches kept between the turns of an episode and concurrent calls decoded in batches.
@@ -342,6 +358,8 @@ class EmbeddedModel:
         vocab_size = int(model.config.vocab_size)
         stop_ids = _stop_token_ids(tokenizer)
         self._segmented: dict[str, list[int]] = {}  # forced text -> its tokens, for `_forced_tokens`
+        opening = reply_opening(tokenizer)
+        self._opening = tokenizer(opening, add_special_tokens=False)["input_ids"] if opening else []
         self.grammars = GrammarCache(tokenizer, vocab_size, max_string=max_string or DEFAULT_MAX_STRING,
                                      stop_token_ids=stop_ids[:1])
         self.engine = Engine(model, stop_token_ids=stop_ids, vocab_size=vocab_size, max_batch=max_batch,
@@ -380,7 +398,10 @@ class EmbeddedModel:
             raise ModelError(f"the prompt has {len(prompt)} tokens; the model's context holds {self.context_length}")
         budget = max(1, min(max_tokens or self.max_tokens, room))
         matcher = self.grammars.matcher(tools, response_schema)
-        forced = self._forced_tokens(matcher, budget) if matcher is not None else []
+        forced = []
+        if matcher is not None:  # the grammar holds the reply from its first token: open it as the template does
+            forced = self._opening if len(self._opening) < budget else []
+            forced = forced + self._forced_tokens(matcher, budget - len(forced))
         sampling = sampling or Sampling(self.temperature, self.top_p, self.seed)
         request = Request(prompt_ids=prompt, max_tokens=budget, matcher=matcher, session=session,
                           temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
@@ -409,7 +430,8 @@ class EmbeddedModel:
 
     def _completion(self, result, tools, response_schema, started: float) -> Completion:
         ids = result.completion_ids
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        opened = self._opening and ids[: len(self._opening)] == self._opening
+        text = self.tokenizer.decode(ids[len(self._opening):] if opened else ids, skip_special_tokens=True)
         if tools and response_schema is None:
             message = parse_tool_calls_text(text, self.text_protocol)
         else:
