@@ -63,7 +63,7 @@ from toolself.evals.runs import SettingsMismatch, check_run_file
 from toolself.evals.suites.common import suite_key_id
 from toolself.interrupts import StoppedEarly
 from toolself.models.base import ChatModel
-from toolself.models.digests import base_identity
+from toolself.models.digests import local_model_identity
 from toolself.models.spec import ModelSpec
 from toolself.tools.base import ToolPool
 from toolself.trajectory import Trajectory
@@ -158,23 +158,21 @@ class EvalRun:
                 "freeze": list(self.freeze), "settings": {k: self.agent[k] for k in sorted(self.agent)},
                 "model_options": {k: self.model_options[k] for k in sorted(self.model_options)}}
 
+    def specs(self) -> dict[str, ModelSpec]:
+        """The run's models given as specs, by role."""
+        roles = {"model": self.model, "config_model": self.config_model, "judge": self.judge}
+        return {role: model for role, model in roles.items() if isinstance(model, ModelSpec)}
+
     def weights(self) -> dict[str, dict[str, Any]]:
-        """What each `local:` model of the run holds (`digests.base_identity`), for the record of a
-        command: a rerun from a moved folder, or with the model mounted elsewhere, is the same run."""
-        found = {}
-        for role, model in (("model", self.model), ("config_model", self.config_model), ("judge", self.judge)):
-            if isinstance(model, ModelSpec) and model.kind == "local":
-                try:
-                    found[role] = base_identity(model.weights())
-                except FileNotFoundError:  # loading it says so, with the path
-                    continue
-        return found
+        """What each `local:` model of the run holds (`digests.local_model_identity`), for the
+        record of a command: a rerun from a moved folder, or with the model mounted elsewhere, is
+        the same run."""
+        found = {role: local_model_identity(model) for role, model in self.specs().items()}
+        return {role: identity for role, identity in found.items() if identity is not None}
 
     def addresses(self) -> dict[str, str]:
         """Where each served model of the run was reached, for the record of a command."""
-        return {role: model.text for role, model in (("model", self.model), ("config_model", self.config_model),
-                                                     ("judge", self.judge))
-                if isinstance(model, ModelSpec) and model.identity != model.text}
+        return {role: model.text for role, model in self.specs().items() if model.identity != model.text}
 
 
 def _name(model: Any) -> str | None:

@@ -32,6 +32,17 @@ def base_identity(base: Path) -> dict[str, Any]:
     return identity
 
 
+def local_model_identity(spec: Any) -> dict[str, Any] | None:
+    """`base_identity` of the directory a `local:` model spec names; None for any other spec, or
+    for a directory that is not there (loading the model says so, with the path)."""
+    if getattr(spec, "kind", None) != "local":
+        return None
+    try:
+        return base_identity(spec.weights())
+    except FileNotFoundError:
+        return None
+
+
 def same_base(was: dict[str, Any], now: dict[str, Any]) -> bool:
     """Whether two recorded bases are one model. An adapter's digest covers every byte, so it
     decides alone. A full model's covers its config and its files' names and sizes, which two

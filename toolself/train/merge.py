@@ -73,7 +73,8 @@ def prepare_base(path: str | Path, out_dir: str | Path) -> Path:
     merged into `out_dir/base` (kept: a new adapter names it as its base). A merge is reused
     only for the adapter it was made from (`merged_from.json`): RFT retrained into the same
     folder leaves another adapter there, and KTO would otherwise start from the old one."""
-    from toolself.train.reruns import base_identity, read_json, same_base
+    from toolself.models.digests import base_identity, same_base
+    from toolself.train.reruns import read_json
 
     path = Path(path)
     if not (path / "adapter_config.json").is_file():

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from toolself.evals.records import changed_settings
 from toolself.evals.runner import run_eval
-from toolself.models.digests import base_identity, same_base
+from toolself.models.digests import local_model_identity, same_base
 from toolself.models.spec import ModelSpec, served_name
 from toolself.tools.options import ToolOptions
 from toolself.train.data import load_dataset_dir, save_dataset
@@ -200,18 +200,6 @@ def agent_overrides(settings: CATSettings) -> dict[str, Any]:
     return settings.agent_settings().to_dict()
 
 
-def student_weights(settings: CATSettings) -> dict[str, Any] | None:
-    """What a student given as a directory holds (`digests.base_identity`); None for the
-    embedded model or a directory that is not there (the steps that load it say so)."""
-    spec = settings.student_model()
-    if spec.kind != "local":
-        return None
-    try:
-        return base_identity(spec.weights())
-    except FileNotFoundError:
-        return None
-
-
 def student_spec(settings: CATSettings) -> str:
     """The model spec that loads the untrained student."""
     return settings.student_model().text
@@ -256,7 +244,7 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
     state = State(out)
     wanted = settings.to_dict()
     saved = state.data["settings"]
-    student = student_weights(settings)
+    student = local_model_identity(settings.student_model())
     if saved is not None and not force:
         before = reread(CATSettings, saved) or saved
         if student and same_base(state.data.get("student_weights") or {}, student):
