@@ -23,6 +23,7 @@ attempt's outcome, the trajectory-level credit of CAT stage II.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -145,11 +146,7 @@ class Renderer:
     def decisions(self, trajectory: Trajectory) -> Iterator[Decision]:
         for ci, conversation in enumerate(trajectory.conversations()):
             for k, call in enumerate(conversation.calls):
-                decision = self.decision(trajectory, ci, conversation, k, call)
-                if k:
-                    before = conversation.calls[k - 1]
-                    decision.context_grew = call.view[: len(before.view) + 1] == before.view + [[before.output, None]]
-                yield decision
+                yield self.decision(trajectory, ci, conversation, k, call)
 
     def decision(self, trajectory: Trajectory, ci: int, conversation: Conversation, k: int,
                  call: ModelCall) -> Decision:
@@ -160,9 +157,12 @@ class Renderer:
         else:
             output = conversation.messages[call.output]
             completion, recorded = self.encode(self.completion_text(visible, output, call.tools)), False
+        before = conversation.calls[k - 1] if k else None
         return Decision(trajectory.id, trajectory.task_id, ci, k, call.kind, prompt, completion, recorded,
                         rejected=call.kind == "configure" and bool(call.problems),
-                        prompt_len_recorded=call.usage.prompt_tokens if recorded else None)
+                        prompt_len_recorded=call.usage.prompt_tokens if recorded else None,
+                        context_grew=before is not None
+                        and call.view[: len(before.view) + 1] == before.view + [[before.output, None]])
 
 
 def _end_of_turn(tokenizer: Any) -> str | None:
@@ -221,15 +221,6 @@ def _check(decision: Decision, stats: BuildStats) -> None:
         stats.prompt_mismatches += 1
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def _fit(prompt: list[int], completion: list[int], max_length: int) -> tuple[list[int], list[int], bool]:
     """Cut the prompt from the left (keeping its end, where the decision's context is) so that
     prompt + completion fits; a completion longer than the whole budget keeps its start."""
@@ -267,14 +258,12 @@ def sft_sequences(trajectory: Trajectory, renderer: Renderer, max_length: int = 
         stats.masked_rejected += masked
         completion_labels = [IGNORE] * len(d.completion_ids) if masked else list(d.completion_ids)
         tag = f"{d.conversation}:{d.call}:{d.kind}"
-        extends = (current is not None and d.conversation == last_conversation
-                   and len(d.prompt_ids) >= len(current.input_ids)
-                   and d.prompt_ids[: len(current.input_ids)] == current.input_ids
-                   and len(d.prompt_ids) + len(d.completion_ids) <= max_length)
-        if not extends and current is not None and d.context_grew and d.conversation == last_conversation \
-                and len(d.prompt_ids) + len(d.completion_ids) <= max_length:
+        could_extend = (current is not None and d.conversation == last_conversation
+                        and len(d.prompt_ids) + len(d.completion_ids) <= max_length)
+        extends = could_extend and d.prompt_ids[: len(current.input_ids)] == current.input_ids
+        if could_extend and not extends and d.context_grew:
             stats.unpacked += 1
-            stats.reread_tokens += _common_prefix(d.prompt_ids, current.input_ids)
+            stats.reread_tokens += len(os.path.commonprefix([d.prompt_ids, current.input_ids]))
         if extends:
             assert current is not None
             tail = d.prompt_ids[len(current.input_ids):]
