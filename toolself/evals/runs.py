@@ -37,7 +37,7 @@ class Run:
         """What the table alone hides: attempts that failed on an earlier run and ran again, and
         attempts that still ended in an error (counted wrong)."""
         lines = [f"{n} attempt(s) of `{m}` ended in an error on an earlier run and ran again; "
-                 f"their records are in `{m}/{SET_ASIDE}`" for m, n in self.set_aside.items() if n]
+                 f"their records are in `{m}/{SET_ASIDE}`" for m, n in self.set_aside.items()]
         failed = sum(r.status == "error" for r in self.records)
         if failed:
             lines.append(f"{failed} attempt(s) ended in an error and count as wrong; "
@@ -69,10 +69,11 @@ def load_run(folder: Path) -> Run:
     set_aside = {}
     for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
         records.extend(read_records(sub))
-        set_aside[sub.name] = count_set_aside(sub)
+        if count := count_set_aside(sub):
+            set_aside[sub.name] = count
     if not records and not run_file.exists():
         raise FileNotFoundError(f"{folder} holds no eval results (no run.json, no */results.jsonl)")
-    return Run(folder, settings, records, {m: n for m, n in set_aside.items() if n})
+    return Run(folder, settings, records, set_aside)
 
 
 def check_run_file(out: Path, identity: dict[str, Any], command: dict[str, Any], force: bool) -> None:
