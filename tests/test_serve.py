@@ -139,6 +139,8 @@ def test_tool_calls_and_reasoning_are_returned_in_openai_shape():
     ({"messages": HELLO, "tool_choice": "required"}, "needs tools"),
     ({"messages": HELLO, "tools": [{"type": "function", "function": {"description": "no name"}}]}, "name"),
     ({"messages": HELLO, "response_format": {"type": "json_schema"}}, "json_schema"),
+    ({"messages": HELLO, "chat_template_kwargs": {"enable_thinking": True}}, "accepts only"),
+    ({"messages": HELLO, "chat_template_kwargs": {"enable_thinking": False, "tools_in_user": 1}}, "accepts only"),
 ])
 def test_bad_requests_get_an_openai_error_with_400(body, fragment):
     model = RecordingModel()
@@ -280,6 +282,14 @@ def test_fields_that_never_change_a_reply_are_accepted():
     assert response.status_code == 200
 
 
+def test_a_request_not_to_think_is_refused_for_a_model_that_may_think():
+    model = RecordingModel(Message("assistant", "fine", reasoning="I thought about it"))
+    with serving(model) as url:
+        response = post(url, {"messages": HELLO, "chat_template_kwargs": {"enable_thinking": False}})
+    assert response.status_code == 400 and "recorder may think" in response.json()["error"]["message"]
+    assert model.calls == []
+
+
 def test_a_named_tool_choice_offers_the_model_only_that_tool():
     model = RecordingModel()
     visit = {"type": "function", "function": {"name": "visit", "parameters": {"type": "object"}}}
@@ -364,6 +374,13 @@ def test_a_stop_sequence_ends_the_embedded_models_reply_where_it_appears(embedde
 
 
 @pytest.mark.slow
+def test_the_embedded_model_accepts_a_request_not_to_think_as_vllm_takes_it(embedded):
+    with serving(embedded) as url:
+        response = post(url, {"messages": HELLO, "max_tokens": 4, "chat_template_kwargs": {"enable_thinking": False}})
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["role"] == "assistant"
+
+
 def test_the_embedded_model_streams_its_reply_token_by_token(embedded):
     story = [{"role": "user", "content": "Tell me about the sea."}]
     with serving(embedded) as url, client_for(url) as client:

@@ -418,14 +418,21 @@ def test_the_chat_template_benchmark_prints_qwen3s_cost_against_the_default_temp
     assert report["qwen3_over_default_sequence_tokens"] > 1
 
 
-def test_a_local_qwen3_student_writes_a_constrained_reply_as_training_renders_it(tmp_path, tiny, qwen3_tokenizer):
+@pytest.fixture
+def qwen3_student(tmp_path, tiny, qwen3_tokenizer):
+    """The tiny model with Qwen3's chat template."""
     import shutil
-
-    from toolself.models import load_model
-    from toolself.models.base import Message
 
     student = shutil.copytree(tiny, tmp_path / "qwen3-student")
     qwen3_tokenizer.save_pretrained(str(student))
+    return student
+
+
+def test_a_local_qwen3_student_writes_a_constrained_reply_as_training_renders_it(qwen3_student, qwen3_tokenizer):
+    from toolself.models import load_model
+    from toolself.models.base import Message
+
+    student = qwen3_student
     question = [Message(role="user", content="Which context mode?")]
     model = load_model(f"local:{student}")
     try:
@@ -438,6 +445,19 @@ def test_a_local_qwen3_student_writes_a_constrained_reply_as_training_renders_it
     assert written.startswith("<think>\n\n</think>\n\n{") and json.loads(reply.message.content)["mode"]
     assert written == D.Renderer(qwen3_tokenizer, D.tool_schemas(POOL)).completion_text(question, reply.message, [])
     assert qwen3_tokenizer.decode(call_reply.completion_token_ids).startswith("<think>\n\n</think>\n\n<tool_call>")
+
+
+def test_a_local_qwen3_student_opens_a_free_reply_without_reasoning_too(qwen3_student, qwen3_tokenizer):
+    from toolself.models import load_model
+    from toolself.models.base import Message
+
+    model = load_model(f"local:{qwen3_student}")
+    try:
+        free = model.complete([Message(role="user", content="Say something.")], max_tokens=12)
+    finally:
+        model.close()
+    assert qwen3_tokenizer.decode(free.completion_token_ids).startswith("<think>\n\n</think>\n\n")
+    assert "<think>" not in free.message.content
 
 
 def test_a_chatml_template_opens_a_reply_with_nothing_and_qwen3s_with_an_empty_think_block(tokenizer, qwen3_tokenizer):

@@ -10,6 +10,9 @@ that asks for `logprobs`, `n=4` or a penalty and silently gets something else wo
 wrong samples. A model with `astream` (the embedded one) samples with the request's
 `temperature`, `top_p` and `seed` and streams token by token; any other model replies as it
 always does (a scripted model has nothing to sample) and its stream comes in one piece.
+A model that never thinks (`thinks = False`: the embedded engine) accepts vLLM's
+`chat_template_kwargs: {"enable_thinking": false}`, which asks for what it does anyway, so that
+a client written for a served Qwen3 runs against it unchanged.
 
 The wire records live in `serve_wire`; the agent that `toolself serve` lists beside the model
 (`toolself:METHOD`, one attempt per request) in `serve_agent`, which this app routes to by name.
@@ -282,7 +285,11 @@ def create_app(model: ChatModel, served_name: str | None = None, max_threads: in
             req = ChatRequest.model_validate(payload)
         except ValidationError as exc:
             return validation_error(exc)
-        if agent is not None and req.model == agent.name:
+        to_agent = agent is not None and req.model == agent.name
+        if req.chat_template_kwargs is not None and (to_agent or getattr(model, "thinks", True)):
+            return error_response(400, f"chat_template_kwargs: {req.model if to_agent else name} may think, and "
+                                       "this server passes no template arguments on", param="chat_template_kwargs")
+        if to_agent:
             return await agent.respond(request, req)
         widen_executor()
         exchange = _Exchange(model, req, [m.to_message() for m in req.messages], name)

@@ -104,6 +104,9 @@ class NamedToolChoice(_Lenient):
     function: FunctionSpec
 
 
+NO_THINKING = {"enable_thinking": False}
+
+
 class ChatRequest(BaseModel):
     """The chat-completions fields this server honours; any other field is refused."""
 
@@ -134,6 +137,9 @@ class ChatRequest(BaseModel):
     store: bool | None = None
     parallel_tool_calls: bool | None = None
     service_tier: str | None = None
+    # vLLM's and SGLang's extension: accepted only as NO_THINKING, for a model that never thinks
+    # (`serve.create_app`).
+    chat_template_kwargs: dict[str, Any] | None = None
     # toolself extension: names the episode so the backend can keep its cache between turns.
     session: str | None = None
 
@@ -148,6 +154,9 @@ class ChatRequest(BaseModel):
                 raise ValueError(f"{name}: this server does not apply penalties; send 0 or leave it out")
         if self.logit_bias:
             raise ValueError("logit_bias: this server does not bias logits")
+        if self.chat_template_kwargs not in (None, NO_THINKING):
+            raise ValueError("chat_template_kwargs: this server applies no template arguments; it accepts only "
+                             "{\"enable_thinking\": false}, for a model that never thinks")
         if len(self.stop_sequences()) > 4:
             raise ValueError("stop: at most 4 sequences")
         if isinstance(self.tool_choice, NamedToolChoice):

@@ -145,7 +145,9 @@ class ChatModel(Protocol):
 
     `tools` are OpenAI function schemas. `response_schema` asks for a JSON document matching
     a JSON schema instead of tool calls (the configuration turns). `session` names the
-    episode so that a backend may keep its KV cache between the turns of that episode.
+    episode so that a backend may keep its KV cache between the turns of that episode. A
+    backend whose replies never carry reasoning says so with `thinks = False` (`toolself serve`
+    then accepts a request not to think).
     """
 
     name: str

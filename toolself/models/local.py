@@ -306,8 +306,10 @@ class Sampling:
 def reply_opening(tokenizer: Any) -> str:
     """What the chat template writes at the start of an assistant reply before the reply itself,
     when the reply carries no reasoning: Qwen3's renders an empty `<think>` block there, ChatML
-    templates nothing. A grammar-constrained reply starts with it, so that the model writes what
-    a served model writes and what training data renders (`train.data.Renderer`)."""
+    templates nothing. Every reply of this engine starts with it, free or grammar-constrained
+    (a grammar holds a reply from its first token, so the engine does not think): it decodes as
+    Qwen3 served with `enable_thinking: false`, and as training data renders a reply without
+    reasoning (`train.data.Renderer`)."""
     probe = [{"role": "user", "content": "?"}]
     try:
         prompt = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
@@ -326,6 +328,8 @@ class EmbeddedModel:
     Greedy unless `temperature` > 0; then each call samples from a generator seeded with
     (seed, session, prompt length), so rerunning the same episodes reproduces their samples
     whatever the order in which concurrent calls arrive."""
+
+    thinks = False  # every reply opens as one without reasoning (`reply_opening`)
 
     def __init__(self, model, tokenizer, *, name: str = DEFAULT_NAME, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, max_batch: int = 8, max_tokens: int = DEFAULT_MAX_TOKENS,
@@ -398,9 +402,8 @@ class EmbeddedModel:
             raise ModelError(f"the prompt has {len(prompt)} tokens; the model's context holds {self.context_length}")
         budget = max(1, min(max_tokens or self.max_tokens, room))
         matcher = self.grammars.matcher(tools, response_schema)
-        forced = []
-        if matcher is not None:  # the grammar holds the reply from its first token: open it as the template does
-            forced = self._opening if len(self._opening) < budget else []
+        forced = self._opening if len(self._opening) < budget else []  # every reply opens without reasoning
+        if matcher is not None:
             forced = forced + self._forced_tokens(matcher, budget - len(forced))
         sampling = sampling or Sampling(self.temperature, self.top_p, self.seed)
         request = Request(prompt_ids=prompt, max_tokens=budget, matcher=matcher, session=session,
