@@ -117,12 +117,45 @@ def test_an_eval_whose_attempts_keep_failing_stops_exits_1_and_says_how_to_resum
     assert resume == "to resume: " + shlex.join(["toolself", *args])
 
 
+def test_eval_sends_its_request_options_with_every_request_and_records_them(tmp_path):
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from http_fixtures import running_server
+
+    received = []
+
+    async def chat(request):  # answers every request by ending the attempt
+        received.append(await request.json())
+        call = {"id": "call_1", "type": "function", "function": {"name": "terminate", "arguments": '{"answer": "4"}'}}
+        return JSONResponse({"id": "c", "object": "chat.completion", "created": 0, "model": "x", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+             "finish_reason": "tool_calls"}]})
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "t0", "question": "Double 2?", "answer": "4"}) + "\n")
+    out = tmp_path / "out"
+    with running_server(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])) as base:
+        result = runner.invoke(app, ["eval", "-t", f"jsonl:{tasks}", "--methods", "vanilla", "-m", f"openai:x@{base}/v1",
+                                     "-o", str(out), "--no-report", "--temperature", "0.6", "--request-options",
+                                     '{"chat_template_kwargs": {"enable_thinking": false}, "top_k": 20}'])
+    assert result.exit_code == 0, result.output
+    assert received and all(body["chat_template_kwargs"] == {"enable_thinking": False} and body["top_k"] == 20
+                            and body["temperature"] == 0.6 for body in received)
+    recorded = json.loads((out / "run.json").read_text())["identity"]["model_options"]
+    assert recorded["extra_body"] == {"chat_template_kwargs": {"enable_thinking": False}, "top_k": 20}
+
+
 @pytest.mark.parametrize("args", [
     ["eval", "-t", "builtin:research", "--limit", "-2"],
     ["eval", "-t", "builtin:research", "--concurrency", "0"],
     ["eval", "-t", "builtin:research", "--repeats", "0"],
     ["eval", "-t", "nope:/x"],
     ["eval", "-t", "builtin:research", "-m", "local:/nonexistent/model"],
+    ["eval", "-t", "builtin:research", "--request-options", '{"top_k": 20}'],  # the embedded model has no server
+    ["eval", "-t", "builtin:research", "-m", "openai:x@http://127.0.0.1:9/v1", "--request-options", '{"seed": 1}'],
+    ["eval", "-t", "builtin:research", "-m", "openai:x@http://127.0.0.1:9/v1", "--request-options", "top_k=20"],
 ])
 def test_invalid_eval_options_are_refused_before_any_file_is_written(tmp_path, args):
     out = tmp_path / "out"

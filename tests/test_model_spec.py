@@ -75,3 +75,21 @@ def test_a_served_model_is_known_by_its_name_not_by_where_it_is_served():
     assert served_name("openai:m") == "openai:m"  # served where OPENAI_BASE_URL says
     assert served_name("local:/runs/rft") == "local:/runs/rft"
     assert ModelSpec.parse("openai:m@http://127.0.0.1:8000/v1").identity == "openai:m"
+
+
+def test_request_options_join_a_presets_extra_body_of_a_served_model():
+    options = ModelSpec.parse(SERVED).with_request_fields({"temperature": 0.6, "extra_body": {"top_p": 0.95}},
+                                                          {"chat_template_kwargs": {"enable_thinking": False}})
+    assert options == {"temperature": 0.6, "extra_body": {"top_p": 0.95,
+                                                          "chat_template_kwargs": {"enable_thinking": False}}}
+
+
+@pytest.mark.parametrize("text", ["embedded", "local:/models/tiny", "expert"])
+def test_request_options_are_refused_for_a_model_no_server_reads(text):
+    with pytest.raises(ValueError, match="go to a served model"):
+        ModelSpec.parse(text).with_request_fields({}, {"top_k": 20})
+
+
+def test_request_options_cannot_set_a_field_the_client_writes_itself():
+    with pytest.raises(ValueError, match="cannot set seed, temperature: toolself writes them"):
+        ModelSpec.parse(SERVED).with_request_fields({}, {"temperature": 1.0, "seed": 2, "top_k": 20})

@@ -15,7 +15,8 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from toolself.cli_errors import DEBUG_ENV, debugging, describe, err_console, fail, warn
-from toolself.cli_options import ToolOptions, default_web_cache, preset_option, preset_pool, tool_options
+from toolself.cli_options import (ToolOptions, default_web_cache, preset_option, preset_pool, request_options,
+                                  request_options_option, tool_options)
 from toolself.evals.preflight import check_free_task
 from toolself.models.local import DTYPE_HELP
 from toolself.models.spec import MODEL_SPECS, ModelSpec, model_defaults
@@ -87,14 +88,16 @@ def _agent_settings(spec: ModelSpec, method: str, freeze: tuple[str, ...], run_p
         _fail(str(exc))
 
 
-def _load_policy(model: str, spec: ModelSpec, run_preset, temperature: float, seed: int, dtype: str):
-    """The policy as `run` and `serve` load it: the spec's options, then the preset's (a model
-    that cannot load is the command's one error line)."""
+def _load_policy(model: str, spec: ModelSpec, run_preset, temperature: float, seed: int, dtype: str,
+                 request: str | None = None):
+    """The policy as `run` and `serve` load it: the spec's options, then the preset's, then the
+    `--request-options` fields (a model that cannot load is the command's one error line)."""
     from toolself.models import ModelError
 
+    options = request_options(spec, {**spec.options(temperature, seed, dtype),
+                                     **(run_preset.model_options(model) if run_preset else {})}, request)
     try:
-        return spec.load(**{**spec.options(temperature, seed, dtype),
-                            **(run_preset.model_options(model) if run_preset else {})})
+        return spec.load(**options)
     except (ValueError, OSError, ImportError, ModelError) as exc:
         _fail(f"loading the model {model}: {exc}", code=1)
 
@@ -150,6 +153,7 @@ def run(
     temperature: float = typer.Option(0.0, min=0, help="0 for greedy decoding."),
     seed: int = typer.Option(0, help="Sampling seed."),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    request: Optional[str] = request_options_option(),
     preset: Optional[str] = preset_option(),
     tool_options: ToolOptions = ToolOptions(),
 ) -> None:
@@ -180,7 +184,7 @@ def run(
     pool = _checked_pool(tool_options, run_preset)
     console.print(f"loading the model {model} ...", highlight=False)
     started = time.monotonic()
-    policy = _load_policy(model, spec, run_preset, temperature, seed, dtype)
+    policy = _load_policy(model, spec, run_preset, temperature, seed, dtype, request)
     writer = _load_writer(writer_spec)
     collection = tool_options.collection()
     console.print(f"loaded in {time.monotonic() - started:.1f} s", highlight=False)

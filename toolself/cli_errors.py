@@ -5,9 +5,10 @@ command starts."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -33,6 +34,18 @@ def fail(message: str, code: int = 2) -> NoReturn:
         raise  # noqa: PLE0704 - the exception being handled by the caller
     err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def json_object_option(option: str, text: str, example: str = '{"max_steps": 2}') -> dict[str, Any]:
+    """An option given as a JSON object of fields, parsed; anything else is the command's one
+    error line."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        fail(f"{option} is not JSON: {exc}")
+    if not isinstance(value, dict):
+        fail(f"{option} takes a JSON object of fields, e.g. '{example}'")
+    return value
 
 
 def describe(exc: BaseException) -> str:

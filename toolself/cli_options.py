@@ -25,7 +25,8 @@ import typer
 
 from toolself.tools.options import ToolOptions, default_web_cache
 
-__all__ = ["OPTIONS", "PRESET_HELP", "ToolOptions", "default_web_cache", "preset_option", "tool_options"]
+__all__ = ["OPTIONS", "PRESET_HELP", "ToolOptions", "default_web_cache", "preset_option", "request_options",
+           "request_options_option", "tool_options"]
 
 PRESET_HELP = ("A whole run setting: paper (the authors' setting point by point, docs/paper.md). It sets the "
                "budgets, sampling, context handling, prompts, tool-call protocol, tools, timeout and scorer, over "
@@ -35,6 +36,28 @@ PRESET_HELP = ("A whole run setting: paper (the authors' setting point by point,
 def preset_option() -> Any:
     """`--preset NAME` of `run`, `eval` and `train cat` (see `toolself.variants.RunPreset`)."""
     return typer.Option(None, "--preset", help=PRESET_HELP)
+
+
+def request_options_option() -> Any:
+    """`--request-options JSON` of `run` and `eval`: fields every request to a served policy carries."""
+    return typer.Option(None, "--request-options", metavar="JSON",
+                        help="Fields added to every request to a served policy (openai:), as JSON: a server's "
+                             "extensions, e.g. '{\"chat_template_kwargs\": {\"enable_thinking\": false}}' turns "
+                             "Qwen3's thinking off in vLLM and SGLang.")
+
+
+def request_options(spec: Any, options: dict[str, Any], text: str | None) -> dict[str, Any]:
+    """`options` (a policy's load options) with the `--request-options` fields added; a field
+    the command cannot send is its one error line."""
+    from toolself.cli_errors import fail, json_object_option
+
+    if text is None:
+        return options
+    fields = json_object_option("--request-options", text, '{"top_k": 20}')
+    try:
+        return spec.with_request_fields(options, fields)
+    except ValueError as exc:
+        fail(f"--request-options: {exc}")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ import typer
 from rich.console import Console
 
 from toolself.cli_errors import fail
-from toolself.cli_options import ToolOptions, preset_option, preset_pool, tool_options
+from toolself.cli_options import (ToolOptions, preset_option, preset_pool, request_options, request_options_option,
+                                  tool_options)
 from toolself.evals.preflight import CheckingLoader, Provided
 from toolself.interrupts import say_how_to_resume
 from toolself.models.local import DTYPE_HELP
@@ -73,6 +74,7 @@ def eval_command(
                                                  "(default: 3000 for embedded and local models, else 16000)."),
     temperature: float = typer.Option(0.0, min=0, help="Sampling temperature of the policy (0: greedy)."),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    request: Optional[str] = request_options_option(),
     force: bool = typer.Option(False, help="Add to an output folder made under other settings."),
     retry_errors: bool = typer.Option(True, "--retry-errors/--keep-errors",
                                       help="On a rerun, run again the attempts that ended in an error (a model "
@@ -121,6 +123,7 @@ def eval_command(
         options.update(run_preset.model_options(model))
         timeout = run_preset.timeout
         judge = run_preset.judge(judge)
+    options = request_options(policy, options, request)
     fresh = not (out / "run.json").exists()
     tool_options = tool_options.with_cache(out / "web_cache")
     pool = preset_pool(tool_options, run_preset)

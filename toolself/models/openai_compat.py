@@ -41,6 +41,9 @@ DEFAULT_API_KEY = "EMPTY"
 MAX_RETRY_AFTER = 60.0
 _RETRYABLE_STATUS = {408, 409, 429}
 _SCHEMA_NAME = "configuration"
+# What the client itself writes into a request, from its own settings and the call's.
+CLIENT_FIELDS = frozenset({"model", "messages", "tools", "tool_choice", "response_format", "max_tokens",
+                           "max_completion_tokens", "temperature", "seed", "stream", "stream_options", "session"})
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,20 @@ class ModelSpec:
 
     def build(self, **options: Any) -> "OpenAIModel":
         return OpenAIModel(self.model, self.base_url, self.api_key, **options)
+
+
+def request_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """Fields a user adds to every request (a server's extensions: vLLM's and SGLang's
+    `chat_template_kwargs`, `top_k`), checked: a field the client writes itself is set by its
+    own option, and a second value in the body would silently replace it."""
+    if not isinstance(fields, dict):
+        raise ValueError(f"request options are a JSON object of fields, not {type(fields).__name__}")
+    taken = sorted(CLIENT_FIELDS & set(fields))
+    if taken:
+        raise ValueError(f"request options cannot set {', '.join(taken)}: toolself writes "
+                         f"{'it' if len(taken) == 1 else 'them'} from its own options (--temperature, --seed, "
+                         "--max-tokens, the tools and the prompt)")
+    return dict(fields)
 
 
 def env_api_key() -> str:

@@ -114,6 +114,18 @@ class ModelSpec:
             return {"temperature": temperature}
         return {}
 
+    def with_request_fields(self, options: dict[str, Any], fields: dict[str, Any] | None) -> dict[str, Any]:
+        """Load options with `fields` added to every request the model is sent, over any a
+        preset added (see `openai_compat.request_fields`). Only a served model takes them: one
+        this process runs has no server to read them."""
+        if not fields:
+            return options
+        if self.kind != "openai":
+            raise ValueError(f"request options go to a served model (openai:NAME@URL); {self.text} is not served")
+        from toolself.models.openai_compat import request_fields
+
+        return {**options, "extra_body": {**options.get("extra_body", {}), **request_fields(fields)}}
+
     def weights(self) -> Path:
         """The directory training starts from: a transformers model or a LoRA adapter."""
         if self.kind == "embedded":

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from toolself.cli_errors import fail, warn
+from toolself.cli_errors import fail, json_object_option, warn
 from toolself.cli_options import ToolOptions, preset_option, tool_options
 from toolself.interrupts import say_how_to_resume
 from toolself.models.local import DTYPE_HELP
@@ -75,16 +75,6 @@ def _rendering(preset: Optional[RunPreset]) -> TextProtocol:
     from toolself.train.steps import rendering
 
     return rendering(preset)
-
-
-def _json_object(option: str, text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        _fail(f"{option} is not JSON: {exc}")
-    if not isinstance(value, dict):
-        _fail(f"{option} takes a JSON object of fields, e.g. '{{\"max_steps\": 2}}'")
-    return value
 
 
 def _tools_record(options: ToolOptions) -> dict[str, Any]:
@@ -442,9 +432,9 @@ def cat_command(
                                policy_samples=policy_samples, limit=limit, policy_limit=policy_limit,
                                eval_tasks=_split(eval_tasks) or None,
                                eval_limit=eval_limit, temperature=temperature, seed=seed, max_length=max_length,
-                               method=method, dtype=dtype, agent=_json_object("--agent-options", agent_options),
-                               rft=_json_object("--rft-options", rft_options),
-                               kto=_json_object("--kto-options", kto_options), concurrency=concurrency,
+                               method=method, dtype=dtype, agent=json_object_option("--agent-options", agent_options),
+                               rft=json_object_option("--rft-options", rft_options),
+                               kto=json_object_option("--kto-options", kto_options), concurrency=concurrency,
                                timeout=timeout, tools=_tools_record(tool_options), preset=preset)
     except ValueError as exc:
         _fail(str(exc))
