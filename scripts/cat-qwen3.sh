@@ -75,9 +75,16 @@ train() {  # train rft|kto ARGS...: in one process, or in the processes $LAUNCH 
   fi
 }
 
-collect() {  # collect NAME MODEL TASKS SPLIT TEMPERATURE REPEATS
+# The student, RFT and KTO models decode as their training data renders a reply: without
+# reasoning, since the default protocol keeps none of the teacher's. Served by vLLM, Qwen3 is
+# asked not to think (toolself's own engine never does); the teacher thinks as its server has it.
+NO_THINKING='{"chat_template_kwargs": {"enable_thinking": false}}'
+
+collect() {  # collect NAME MODEL TASKS SPLIT TEMPERATURE REPEATS [student]
+  local request=()
+  [ "${7:-}" = student ] && [ "${2#openai:}" != "$2" ] && request=(--request-options "$NO_THINKING")
   $TOOLSELF eval --model "$2" --tasks "$3" --split "$4" --temperature "$5" --repeats "$6" --seed "$SEED" \
-      --concurrency "$CONCURRENCY" "${EVAL_ARGS[@]}" --no-report --out "$OUT/$1"
+      --concurrency "$CONCURRENCY" "${EVAL_ARGS[@]}" ${request[@]+"${request[@]}"} --no-report --out "$OUT/$1"
 }
 
 # A vLLM server holds most of its GPU's memory (--gpu-memory-utilization, 0.9) for as long as it
@@ -138,7 +145,7 @@ echo "== 2. RFT of $MODEL on the teacher's successes"
 
 echo "== 3. the RFT model: $REPEATS attempts per training task at temperature $TEMPERATURE"
 RFT=$(serve rft "$MODEL" "$OUT/rft" "$PORT")
-collect policy "$RFT" "$TRAIN_TASKS" "$TRAIN_SPLIT" "$TEMPERATURE" "$REPEATS"
+collect policy "$RFT" "$TRAIN_TASKS" "$TRAIN_SPLIT" "$TEMPERATURE" "$REPEATS" student
 stop rft
 
 echo "== 4. trajectory-level KTO on the RFT model's attempts"
@@ -150,11 +157,11 @@ echo "== 5. student, RFT and KTO on the held-out questions (greedy)"
 RFT=$(serve rft "$MODEL" "$OUT/rft" "$PORT")
 STUDENT="local:$MODEL"
 [ -z "$VLLM" ] || STUDENT="openai:$MODEL@http://127.0.0.1:$PORT/v1"  # the RFT server's base model
-collect eval/student "$STUDENT" "$TEST_TASKS" "$TEST_SPLIT" 0 1
-collect eval/rft "$RFT" "$TEST_TASKS" "$TEST_SPLIT" 0 1
+collect eval/student "$STUDENT" "$TEST_TASKS" "$TEST_SPLIT" 0 1 student
+collect eval/rft "$RFT" "$TEST_TASKS" "$TEST_SPLIT" 0 1 student
 stop rft
 KTO=$(serve kto "$OUT/kto/base" "$OUT/kto" "$((PORT + 1))")
-collect eval/kto "$KTO" "$TEST_TASKS" "$TEST_SPLIT" 0 1
+collect eval/kto "$KTO" "$TEST_TASKS" "$TEST_SPLIT" 0 1 student
 stop kto
 $TOOLSELF report "$OUT/eval/student" "$OUT/eval/rft" "$OUT/eval/kto" --out "$OUT/report"
 echo "done: $OUT"

@@ -315,7 +315,11 @@ def test_the_recipe_trains_under_a_launcher_and_serves_with_vllm_one_server_at_a
     assert models["student"].startswith(f"openai:{tiny}@") and models["kto"].startswith("openai:kto@")
     for name in ("student", "rft", "kto"):
         summary = json.loads((out / "eval" / name / "summary.json").read_text())
-        assert summary  # each held-out evaluation ran through its server
+        assert summary["ran"] and not summary["status"].get("error")  # each ran through its server
+    for folder in ("policy", "eval/student", "eval/rft", "eval/kto"):  # decoded as their data renders a reply
+        options = json.loads((out / folder / "run.json").read_text())["identity"]["model_options"]
+        assert options["extra_body"] == {"chat_template_kwargs": {"enable_thinking": False}}
+    assert "enable_thinking" not in (out / "teacher" / "run.json").read_text()
     assert not list(out.glob("vllm-*.pid"))
 
 

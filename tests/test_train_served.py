@@ -60,6 +60,10 @@ def test_the_policy_collection_and_the_evaluations_go_through_one_server_at_a_ti
     assert models["policy"] == models["rft"] == f"openai:rft@{server.url}"
     assert models["student"] == f"openai:{tiny}@{server.url}"  # the base, under its own name
     assert models["kto"] == f"openai:kto@{server.url}"
+    for folder in ("collect/policy", "eval/student", "eval/rft", "eval/kto"):  # decoded as their data renders
+        options = json.loads((out / folder / "run.json").read_text())["identity"]["model_options"]
+        assert options["extra_body"] == {"chat_template_kwargs": {"enable_thinking": False}}
+        assert '"status": "error"' not in (out / folder / "toolself" / "results.jsonl").read_text()
     assert not list(out.glob("vllm-*.pid")) and (out / "vllm-kto.log").is_file()
 
 

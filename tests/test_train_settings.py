@@ -209,6 +209,15 @@ def test_every_model_the_pipeline_evaluates_loads_with_the_presets_options():
     assert CATSettings(tasks=["builtin:research"]).model_options("embedded") == {"dtype": "auto"}
 
 
+def test_a_served_student_is_asked_not_to_think_unless_its_protocol_trains_the_teachers_reasoning():
+    served = "openai:rft@http://127.0.0.1:8001/v1"
+    default = CATSettings(tasks=["builtin:research"]).model_options(served, served=True)
+    assert default == {"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}}
+    assert CATSettings(tasks=["builtin:research"]).model_options(served) == {}  # a teacher's server decides
+    paper = CATSettings(tasks=["builtin:research"], preset="paper").model_options(served, served=True)
+    assert paper["extra_body"] == {"top_p": 0.95}  # the paper's protocol keeps <think>: the student thinks
+
+
 def thinking_run() -> list:
     """The authors' run, each action with a thought before its call."""
     return [reply if isinstance(reply, str) else replace(reply, reasoning="the next step") for reply in OFFICIAL_RUN]

@@ -46,6 +46,7 @@ from toolself.train.steps import (
     preset_options,
     rendering,
     run_preset,
+    served_student_request,
     sft_data,
     train_kto_step,
     train_rft_step,
@@ -113,11 +114,12 @@ class CATSettings:
         """The student's budgets, the preset's settings, then `agent` (see `steps.agent_budgets`)."""
         return agent_budgets(self.student_model(), self.agent, self.run_preset())
 
-    def model_options(self, model: str) -> dict[str, Any]:
+    def model_options(self, model: str, served: bool = False) -> dict[str, Any]:
         """How every evaluated model loads: in the run's dtype (a model in this process), with
-        the preset's options."""
+        the preset's options; a student vLLM serves (`served`) decodes as its data renders it."""
         spec = ModelSpec.parse(model)
-        return {**({"dtype": self.dtype} if spec.in_process else {}), **preset_options(self.run_preset(), spec)}
+        options = {**({"dtype": self.dtype} if spec.in_process else {}), **preset_options(self.run_preset(), spec)}
+        return spec.with_request_fields(options, served_student_request(self.run_preset()) if served else None)
 
     def collection(self, samples: int, limit: int | None) -> Collection:
         return Collection(tasks=self.tasks, samples=samples, method=self.method, limit=limit,
@@ -213,15 +215,16 @@ def tool_options(settings: CATSettings, out: Path) -> ToolOptions | None:
     return ToolOptions.from_dict(settings.tools).with_cache(Path(out) / "web_cache")
 
 
-def evaluate(settings: CATSettings, model: str, out: Path, backend: Any = "local") -> Any:
+def evaluate(settings: CATSettings, model: str, out: Path, backend: Any = "local", served: bool = False) -> Any:
     """One model on the held-out split, run as every evaluation of a CAT run is; returns the
-    runner's summary, or raises `AttemptsFailing` when every attempt ended in an error."""
+    runner's summary, or raises `AttemptsFailing` when every attempt ended in an error.
+    served: the model is the student, or a model trained from it, that vLLM serves."""
     attempt = AttemptTools.of(tool_options(settings, out), settings.run_preset())
     try:
         summary = run_eval(settings.eval_tasks or settings.tasks, [settings.method], model, out, split="heldout",
                            limit=settings.eval_limit, seed=settings.eval_seed, concurrency=settings.concurrency,
                            timeout=settings.timeout, settings=agent_overrides(settings), backend=backend,
-                           model_options=settings.model_options(model), pool=attempt.pool, judge=attempt.judge,
+                           model_options=settings.model_options(model, served), pool=attempt.pool, judge=attempt.judge,
                            loader=attempt.loader)
     finally:
         attempt.close()
@@ -310,10 +313,14 @@ class Step:
         """Why KTO was skipped (data_kto found one label only), or None."""
         return State(self.out).data["steps"].get("data_kto", {}).get("result", {}).get("skip_kto")
 
-    def collect(self, model: str, folder: str, samples: int, limit: int | None) -> dict[str, Any]:
+    def collect(self, model: str, folder: str, samples: int, limit: int | None,
+                served: bool = False) -> dict[str, Any]:
+        """served: `model` is a trained student that vLLM serves (see `served_student_request`)."""
         collection = self.settings.collection(samples, limit)
+        request = served_student_request(self.settings.run_preset()) if served else None
         return collect_attempts(ModelSpec.parse(model), self.out / "collect" / folder, collection,
-                                backend=self.backend, tools=tool_options(self.settings, self.out)).to_dict()
+                                backend=self.backend, tools=tool_options(self.settings, self.out),
+                                request=request).to_dict()
 
 
 def _collect_teacher(step: Step) -> dict[str, Any]:
@@ -354,7 +361,7 @@ def _collect_policy(step: Step) -> dict[str, Any]:
     if step.server is None:
         return step.collect(f"local:{step.rft_dir}", "policy", s.policy_samples, limit)
     with step.server.serving("rft", step.rft_dir, step.out) as served:
-        return step.collect(served.spec("rft"), "policy", s.policy_samples, limit)
+        return step.collect(served.spec("rft"), "policy", s.policy_samples, limit, served=True)
 
 
 def _data_kto(step: Step) -> dict[str, Any]:
@@ -399,7 +406,7 @@ def _evaluate(step: Step) -> dict[str, Any]:
     s, out = step.settings, step.out
     results: dict[str, Any] = {}
 
-    def run(names: list[str], models: dict[str, str]) -> None:
+    def run(names: list[str], models: dict[str, str], served: bool = False) -> None:
         for name in names:
             if name == "kto" and step.kto_skipped():
                 if "rft" in results:  # the same model: its records stand for both rows
@@ -408,7 +415,7 @@ def _evaluate(step: Step) -> dict[str, Any]:
                     results[name] = results["rft"]
                     continue
                 models = {**models, name: models["rft"]}
-            summary = evaluate(s, models[name], out / "eval" / name, step.backend)
+            summary = evaluate(s, models[name], out / "eval" / name, step.backend, served)
             results[name] = summary.accuracy().get(s.method, {})
 
     if step.server is None:
@@ -420,10 +427,10 @@ def _evaluate(step: Step) -> dict[str, Any]:
     by_rft = [n for n in s.evaluate if n != "kto" or step.kto_skipped()]
     if by_rft:
         with step.server.serving("rft", step.rft_dir, out) as served:
-            run(by_rft, {"student": served.spec(served.base), "rft": served.spec("rft")})
+            run(by_rft, {"student": served.spec(served.base), "rft": served.spec("rft")}, served=True)
     if "kto" in s.evaluate and not step.kto_skipped():
         with step.server.serving("kto", step.kto_dir, out) as served:
-            run(["kto"], {"kto": served.spec("kto")})
+            run(["kto"], {"kto": served.spec("kto")}, served=True)
     return {name: results[name] for name in s.evaluate}
 
 

@@ -65,6 +65,14 @@ def rendering(preset: RunPreset | None) -> TextProtocol:
     return text_protocol_named(preset.protocol.text_protocol) if preset is not None else DEFAULT
 
 
+def served_student_request(preset: RunPreset | None) -> dict[str, Any]:
+    """The fields every request to a student that vLLM serves carries, so that it decodes as
+    its training data renders a reply: without reasoning (Qwen3's `enable_thinking: false`, as
+    toolself's engine decodes), unless the preset's protocol keeps `<think>` and so trains the
+    teacher's reasoning too. A chat template without the switch ignores it."""
+    return {} if rendering(preset).keep_think else {"chat_template_kwargs": {"enable_thinking": False}}
+
+
 @dataclass
 class AttemptTools:
     """What a training run's attempts work and are scored with: the pool and judge of its tool
@@ -97,9 +105,10 @@ class AttemptTools:
 
 
 def collect_attempts(model: ModelSpec, out: Path, collection: Collection, *, backend: Any = "local",
-                     tools: Any = None) -> CollectResult:
+                     tools: Any = None, request: dict[str, Any] | None = None) -> CollectResult:
     """`collection.samples` scored attempts per task by `model` into the runner folder `out`
-    (resumable); `tools`: the run's `ToolOptions` (pool and judge), None for the defaults."""
+    (resumable); `tools`: the run's `ToolOptions` (pool and judge), None for the defaults;
+    `request`: fields every request to a served model carries (`served_student_request`)."""
     preset = run_preset(collection.preset)
     attempt = AttemptTools.of(tools, preset)
     try:
@@ -108,7 +117,7 @@ def collect_attempts(model: ModelSpec, out: Path, collection: Collection, *, bac
                        seed=collection.seed, concurrency=collection.concurrency, timeout=collection.timeout,
                        settings=collection.agent.to_dict(), backend=backend, dtype=collection.dtype,
                        pool=attempt.pool, judge=attempt.judge, loader=attempt.loader,
-                       model_options=preset_options(preset, model))
+                       model_options=model.with_request_fields(preset_options(preset, model), request))
     finally:
         attempt.close()
 
