@@ -52,6 +52,12 @@ def test_an_unknown_method_is_a_clear_error():
     assert result.exit_code == 2 and "unknown method 'telepathy'" in result.output
 
 
+def test_run_refuses_request_options_for_a_model_no_server_reads_before_loading_it():
+    result = runner.invoke(app, ["run", "x", "--request-options", '{"top_k": 20}'])
+    assert result.exit_code == 2 and "go to a served model" in result.output
+    assert "loading the model" not in result.output
+
+
 def test_a_missing_docs_folder_is_a_clear_error(tmp_path):
     result = runner.invoke(app, ["run", "x", "--docs", str(tmp_path / "nope"), "--model", "openai:x@http://127.0.0.1:9/v1"])
     assert result.exit_code == 2 and "does not exist" in " ".join(result.output.split())

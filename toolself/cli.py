@@ -88,14 +88,18 @@ def _agent_settings(spec: ModelSpec, method: str, freeze: tuple[str, ...], run_p
         _fail(str(exc))
 
 
-def _load_policy(model: str, spec: ModelSpec, run_preset, temperature: float, seed: int, dtype: str,
-                 request: str | None = None):
-    """The policy as `run` and `serve` load it: the spec's options, then the preset's, then the
-    `--request-options` fields (a model that cannot load is the command's one error line)."""
+def _policy_options(model: str, spec: ModelSpec, run_preset, temperature: float, seed: int, dtype: str,
+                    request: str | None = None) -> dict:
+    """The policy's load options as `run` and `serve` give them: the spec's, then the preset's,
+    then the `--request-options` fields (ones it cannot take are the command's one error line)."""
+    return request_options(spec, {**spec.options(temperature, seed, dtype),
+                                  **(run_preset.model_options(model) if run_preset else {})}, request)
+
+
+def _load_policy(model: str, spec: ModelSpec, options: dict):
+    """The policy `spec` names (a model that cannot load is the command's one error line)."""
     from toolself.models import ModelError
 
-    options = request_options(spec, {**spec.options(temperature, seed, dtype),
-                                     **(run_preset.model_options(model) if run_preset else {})}, request)
     try:
         return spec.load(**options)
     except (ValueError, OSError, ImportError, ModelError) as exc:
@@ -180,11 +184,12 @@ def run(
     settings = _agent_settings(spec, method, tuple(freeze), run_preset, max_stages=max_stages,
                                max_steps_per_stage=max_steps, max_total_tokens=max_tokens, time_limit=timeout,
                                context_budget=context_budget)
+    options = _policy_options(model, spec, run_preset, temperature, seed, dtype, request)
     tool_options = tool_options.with_cache(default_web_cache())
     pool = _checked_pool(tool_options, run_preset)
     console.print(f"loading the model {model} ...", highlight=False)
     started = time.monotonic()
-    policy = _load_policy(model, spec, run_preset, temperature, seed, dtype, request)
+    policy = _load_policy(model, spec, options)
     writer = _load_writer(writer_spec)
     collection = tool_options.collection()
     console.print(f"loaded in {time.monotonic() - started:.1f} s", highlight=False)
@@ -261,7 +266,7 @@ def serve(
     tool_options = tool_options.with_cache(default_web_cache())
     pool = _checked_pool(tool_options, run_preset)
     try:
-        policy = _load_policy(model, spec, run_preset, 0.0, 0, dtype)
+        policy = _load_policy(model, spec, _policy_options(model, spec, run_preset, 0.0, 0, dtype))
         agent = ServedAgent(policy, pool, settings, out, concurrency=agent_concurrency,
                             collection=tool_options.collection(), preset=preset,
                             config_model=_load_writer(writer_spec))
