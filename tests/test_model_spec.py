@@ -2,21 +2,21 @@
 
 import pytest
 
-from toolself.models.spec import SERVED_MODEL, SMALL_MODEL, ModelSpec, model_defaults, runs_in_process, served_name
+from toolself.models.spec import LARGE_MODEL, SMALL_MODEL, ModelSpec, model_defaults, runs_in_process, served_name
 from toolself.train.pipeline import CATSettings, agent_overrides, student_spec
 
 SERVED = "openai:Qwen/Qwen3-8B@http://127.0.0.1:8000/v1"
 
 
 @pytest.mark.parametrize("text", ["embedded", "default", "embedded:cat", "local:/models/student"])
-def test_every_model_this_process_runs_gets_the_small_model_budgets(text):
+def test_the_embedded_model_and_a_local_one_not_known_to_be_large_get_the_small_model_budgets(text):
     spec = ModelSpec.parse(text)
     assert spec.in_process and runs_in_process(text)
     assert spec.defaults == SMALL_MODEL
 
 
 def test_a_served_model_gets_a_large_context_and_no_caps():
-    assert ModelSpec.parse(SERVED).defaults == SERVED_MODEL
+    assert ModelSpec.parse(SERVED).defaults == LARGE_MODEL
     assert not runs_in_process(SERVED)
 
 
@@ -35,7 +35,7 @@ def test_the_users_budgets_win_over_the_models():
 
 def test_the_expert_keeps_the_agents_own_budgets():
     assert ModelSpec.parse("expert").defaults is None
-    assert model_defaults("expert") == SERVED_MODEL
+    assert model_defaults("expert") == LARGE_MODEL
 
 
 def test_load_options_follow_where_the_model_runs():

@@ -153,7 +153,8 @@ def run(
     time_limit: Optional[float] = typer.Option(None, "--time-limit", hidden=True, min=1,
                                                help="Deprecated name of --timeout."),
     context_budget: Optional[int] = typer.Option(None, min=1, help="Visible-context budget in the model's tokens "
-                                                 "(default: 3000 for embedded and local models, else 16000)."),
+                                                 "(default: 3000 for the embedded model and local ones under 1B "
+                                                 "parameters, else 16000)."),
     temperature: float = typer.Option(0.0, min=0, help="0 for greedy decoding."),
     seed: int = typer.Option(0, help="Sampling seed."),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
@@ -235,7 +236,8 @@ def serve(
     timeout: Optional[float] = typer.Option(None, min=1, help="Wall-clock limit of an agent attempt in seconds "
                                                               "(default: none)."),
     context_budget: Optional[int] = typer.Option(None, min=1, help="Visible-context budget in the model's tokens "
-                                                 "(default: 3000 for embedded and local models, else 16000)."),
+                                                 "(default: 3000 for the embedded model and local ones under 1B "
+                                                 "parameters, else 16000)."),
     tool_options: ToolOptions = ToolOptions(),
 ) -> None:
     """Serve a model, and the ToolSelf agent over it, behind an OpenAI-compatible API

@@ -71,7 +71,8 @@ def eval_command(
     max_steps: int = typer.Option(12, min=1, help="Most actions per stage."),
     max_tokens: int = typer.Option(200_000, min=1, help="Most prompt + completion tokens per attempt."),
     context_budget: Optional[int] = typer.Option(None, min=1, help="Visible-context budget in the model's tokens "
-                                                 "(default: 3000 for embedded and local models, else 16000)."),
+                                                 "(default: 3000 for the embedded model and local ones under 1B "
+                                                 "parameters, else 16000)."),
     temperature: float = typer.Option(0.0, min=0, help="Sampling temperature of the policy (0: greedy)."),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     request: Optional[str] = request_options_option(),

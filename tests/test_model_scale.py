@@ -1,0 +1,101 @@
+"""A local model is sized from its config.json before it loads: one of a billion parameters or
+more works under a served model's budgets and an uncapped grammar, not the embedded model's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from toolself.models.scale import estimated_parameters, is_large  # noqa: E402
+from toolself.models.spec import LARGE_MODEL, SMALL_MODEL, ModelSpec  # noqa: E402
+from toolself.train.shapes import SHAPES  # noqa: E402
+
+QWEN3_VOCAB = 151_936
+
+
+def shape_config(shape: str, vocab_size: int = QWEN3_VOCAB):
+    from transformers import AutoConfig
+
+    kind, dims = SHAPES[shape]
+    return AutoConfig.for_model(kind, vocab_size=vocab_size, **dims)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_the_estimate_is_within_two_percent_of_the_models_own_count(shape):
+    from transformers import AutoModelForCausalLM
+
+    config = shape_config(shape)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    counted = sum(p.numel() for p in model.parameters())
+    assert abs(estimated_parameters(config.to_dict()) - counted) / counted < 0.02
+
+
+def test_a_mixture_of_experts_counts_every_expert():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("qwen3_moe", vocab_size=QWEN3_VOCAB, hidden_size=512, num_hidden_layers=4,
+                                  num_attention_heads=8, num_key_value_heads=4, head_dim=64, intermediate_size=1536,
+                                  num_experts=32, num_experts_per_tok=4, moe_intermediate_size=256)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    counted = sum(p.numel() for p in model.parameters())
+    assert abs(estimated_parameters(config.to_dict()) - counted) / counted < 0.02
+
+
+@pytest.mark.parametrize("shape, large", [("tiny", False), ("smollm2-135m", False), ("qwen3-0.6b", False),
+                                          ("qwen3-8b", True)])
+def test_a_billion_parameters_makes_a_model_large(shape, large):
+    assert is_large(shape_config(shape).to_dict()) is large
+
+
+def test_a_config_without_sizes_is_not_large():
+    assert not is_large({"model_type": "mystery"}) and not is_large(None)
+
+
+def write_config(folder, shape: str):
+    folder.mkdir(parents=True)
+    shape_config(shape).save_pretrained(str(folder))
+    return folder
+
+
+def test_a_large_local_model_works_under_a_served_models_budgets_and_a_small_one_under_the_small_ones(tmp_path):
+    large, small = write_config(tmp_path / "qwen3-8b", "qwen3-8b"), write_config(tmp_path / "qwen3-0.6b", "qwen3-0.6b")
+    assert ModelSpec.parse(f"local:{large}").defaults == LARGE_MODEL
+    assert ModelSpec.parse(f"local:{small}").defaults == SMALL_MODEL
+    assert ModelSpec.parse(str(large), directories=True).defaults == LARGE_MODEL  # a CAT student given as a folder
+
+
+def test_an_adapter_is_sized_by_the_base_it_was_trained_on(tmp_path):
+    base = write_config(tmp_path / "qwen3-8b", "qwen3-8b")
+    adapter = tmp_path / "rft"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "base_model_name_or_path": str(base)}))
+    assert ModelSpec.parse(f"local:{adapter}").defaults == LARGE_MODEL
+
+
+def test_a_large_model_writes_long_replies_with_uncapped_strings_unless_told(tiny, monkeypatch):
+    from toolself.models import scale
+    from toolself.models.local import DEFAULT_MAX_TOKENS, LARGE_MAX_TOKENS, EmbeddedModel
+
+    small = EmbeddedModel.load(str(tiny), threads=0)
+    monkeypatch.setattr(scale, "LARGE_PARAMETERS", 1)  # the tiny model's weights, sized as a large model's
+    large = EmbeddedModel.load(str(tiny), threads=0)
+    told = EmbeddedModel.load(str(tiny), threads=0, max_tokens=64)
+    try:
+        assert (small.max_tokens, small.grammars.max_string) == (DEFAULT_MAX_TOKENS, 400)
+        assert (large.max_tokens, large.grammars.max_string) == (LARGE_MAX_TOKENS, None)
+        assert told.max_tokens == 64
+        quoted = '<tool_call>\n{"name": "terminate", "arguments": {"answer": "the \\"Lumen\\" kettle"}}\n</tool_call>'
+        terminate = [{"type": "function", "function": {"name": "terminate", "parameters": {
+            "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}}]
+        ids = large.tokenizer(quoted, add_special_tokens=False)["input_ids"]
+        matcher = large.grammars.matcher(terminate, None)
+        assert all(matcher.accept_token(t) for t in ids)  # an answer with quotes in it
+        assert not all(small.grammars.matcher(terminate, None).accept_token(t) for t in ids)
+    finally:
+        for model in (small, large, told):
+            model.close()
