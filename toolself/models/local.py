@@ -352,8 +352,9 @@ class EmbeddedModel:
                  text_protocol: TextProtocol | str = DEFAULT):
         """`max_tokens`: a reply's tokens when the call sets none (the engine lays out KV room
         for them up front); `max_string`: the cap on free strings in a constrained reply (None:
-        no cap; see `grammar`). `threads`: torch threads of the engine's own two threads (the rest of the
-        process keeps its setting); None picks `default_threads()`, 0 leaves torch's default.
+        no cap; see `grammar`). `threads`: torch threads of the engine's own two threads (the
+        rest of the process keeps its setting); None picks `default_threads()`, 0 leaves torch's
+        default.
         `cache_dtype`: the KV cache's dtype; None picks `kv_dtype(model)`. `cache_entries`,
         `cache_bytes`: the bounds of the KV caches kept between turns (`engine.PrefixStore`;
         512 MiB hold seven 3k-token episodes of the default model in bfloat16, three in
