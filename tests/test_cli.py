@@ -143,8 +143,9 @@ def test_eval_sends_its_request_options_with_every_request_and_records_them(tmp_
     tasks.write_text(json.dumps({"id": "t0", "question": "Double 2?", "answer": "4"}) + "\n")
     out = tmp_path / "out"
     with running_server(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])) as base:
-        result = runner.invoke(app, ["eval", "-t", f"jsonl:{tasks}", "--methods", "vanilla", "-m", f"openai:x@{base}/v1",
-                                     "-o", str(out), "--no-report", "--temperature", "0.6", "--request-options",
+        result = runner.invoke(app, ["eval", "-t", f"jsonl:{tasks}", "--methods", "vanilla", "-m",
+                                     f"openai:x@{base}/v1", "-o", str(out), "--no-report", "--temperature", "0.6",
+                                     "--request-options",
                                      '{"chat_template_kwargs": {"enable_thinking": false}, "top_k": 20}'])
     assert result.exit_code == 0, result.output
     assert received and all(body["chat_template_kwargs"] == {"enable_thinking": False} and body["top_k"] == 20

@@ -73,7 +73,8 @@ def test_an_adapter_is_sized_by_the_base_it_was_trained_on(tmp_path):
     base = write_config(tmp_path / "qwen3-8b", "qwen3-8b")
     adapter = tmp_path / "rft"
     adapter.mkdir()
-    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "base_model_name_or_path": str(base)}))
+    config = {"peft_type": "LORA", "base_model_name_or_path": str(base)}
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
     assert ModelSpec.parse(f"local:{adapter}").defaults == LARGE_MODEL
 
 
