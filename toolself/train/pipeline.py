@@ -119,7 +119,12 @@ class CATSettings:
         the preset's options; a student vLLM serves (`served`) decodes as its data renders it."""
         spec = ModelSpec.parse(model)
         options = {**({"dtype": self.dtype} if spec.in_process else {}), **preset_options(self.run_preset(), spec)}
-        return spec.with_request_fields(options, served_student_request(self.run_preset()) if served else None)
+        return spec.with_request_fields(options, self.student_request(served))
+
+    def student_request(self, served: bool) -> dict[str, Any] | None:
+        """The fields every request to the student, or a model trained from it, carries when vLLM
+        serves it (`steps.served_student_request`); none when it runs in this process."""
+        return served_student_request(self.run_preset()) if served else None
 
     def collection(self, samples: int, limit: int | None) -> Collection:
         return Collection(tasks=self.tasks, samples=samples, method=self.method, limit=limit,
@@ -317,10 +322,9 @@ class Step:
                 served: bool = False) -> dict[str, Any]:
         """served: `model` is a trained student that vLLM serves (see `served_student_request`)."""
         collection = self.settings.collection(samples, limit)
-        request = served_student_request(self.settings.run_preset()) if served else None
         return collect_attempts(ModelSpec.parse(model), self.out / "collect" / folder, collection,
                                 backend=self.backend, tools=tool_options(self.settings, self.out),
-                                request=request).to_dict()
+                                request=self.settings.student_request(served)).to_dict()
 
 
 def _collect_teacher(step: Step) -> dict[str, Any]:
