@@ -295,6 +295,25 @@ def test_a_full_model_recorded_by_its_path_alone_is_still_known_by_it(tmp_path, 
     assert not R.same_base({"path": str(tmp_path)}, now)
 
 
+def test_an_adapter_finds_its_base_where_it_was_relocated_only_while_the_path_it_names_is_gone(tmp_path):
+    from toolself.models.digests import BASE_LOCATION, relocate_base
+    from toolself.models.local import adapter_base
+
+    named, mounted, adapter = tmp_path / "node-a", tmp_path / "node-b", tmp_path / "rft"
+    for folder in (named, mounted, adapter):
+        folder.mkdir()
+    (named / "config.json").write_text("{}")
+    (mounted / "config.json").write_text("{}")
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(named)}))
+    relocate_base(adapter, named)
+    assert not (adapter / BASE_LOCATION).exists()  # where it was trained: nothing to record
+    relocate_base(adapter, mounted)
+    assert adapter_base(adapter) == named  # still there: the path it names wins
+    shutil.rmtree(named)
+    assert adapter_base(adapter) == mounted.resolve()
+    assert json.loads((adapter / "adapter_config.json").read_text()) == {"base_model_name_or_path": str(named)}
+
+
 def test_a_moved_run_folder_keeps_its_merged_base_and_its_kto_adapter_finds_it(tmp_path, tiny):
     from toolself.models.local import adapter_base, load_weights
     from toolself.train.merge import MERGED_FROM, prepare_base

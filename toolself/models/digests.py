@@ -1,11 +1,14 @@
 """What a model directory holds, so that a run moved to another node, or resumed with its model
 mounted elsewhere, knows the model by more than its path. Training runs know their base by it
 (`train.reruns`), evaluations the `local:` models they ran (`evals.runner`) and a CAT run its
-student (`train.pipeline`)."""
+student (`train.pipeline`). An adapter names its base by the path it was trained on; where the
+base is now mounted elsewhere, `relocate_base` says where (`local.adapter_base` looks there)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +59,29 @@ def same_base(was: dict[str, Any], now: dict[str, Any]) -> bool:
         path = was.get("path")
         return was["model"] == now["model"] and (path == now.get("path") or not path or not Path(path).exists())
     return was.get("path") == now.get("path") and was.get("adapter") == now.get("adapter")
+
+
+BASE_LOCATION = "base_location.json"
+
+
+def relocated_base(adapter_dir: Path) -> Path | None:
+    """Where `relocate_base` last said the adapter's base is mounted, or None."""
+    try:
+        return Path(json.loads((Path(adapter_dir) / BASE_LOCATION).read_text(encoding="utf-8"))["path"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def relocate_base(adapter_dir: Path, base: Path) -> None:
+    """Record that the base of the adapter in `adapter_dir` is mounted at `base` now, for a
+    command that has checked the base's digest (a CAT run its student's, before any step; a
+    rerun of a finished `train rft`, the base it is given). The adapter's own
+    files stay as trained, so its digest, which KTO's merge and evaluations recorded, stands;
+    the path it names still wins while it is there."""
+    adapter_dir, base = Path(adapter_dir), Path(base).resolve()
+    named = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8")).get("base_model_name_or_path")
+    if (named and Path(named).resolve() == base) or relocated_base(adapter_dir) == base:
+        return
+    tmp = adapter_dir / f".{BASE_LOCATION}.{os.getpid()}"
+    tmp.write_text(json.dumps({"path": str(base)}) + "\n", encoding="utf-8")
+    os.replace(tmp, adapter_dir / BASE_LOCATION)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from toolself.models.base import Completion, Message, ModelError, Usage
+from toolself.models.digests import relocated_base
 from toolself.models.grammar import DEFAULT_MAX_STRING
 from toolself.models.memory import bound_kernel_caches, release_freed_memory
 from toolself.models.protocol import (DEFAULT, TextProtocol, parse_tool_calls_text, text_protocol_named,
@@ -122,13 +123,16 @@ def adapter_base(adapter_dir: str | os.PathLike) -> Path:
     """The base model an adapter was trained on: the directory it names when that exists here
     (or, named relatively, beside the adapter); the adapter's own `base/` when it names a `base`
     folder that is not there (KTO trains on `OUT/base`, whose absolute path a moved or copied run
-    folder no longer has); else the converted default when the name is the default model's."""
+    folder no longer has); where `digests.relocate_base` said it is mounted now; else the
+    converted default when the name is the default model's."""
     adapter_dir = Path(adapter_dir)
     config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
     base = config.get("base_model_name_or_path") or ""
     candidates = [Path(base), adapter_dir / base] if base else []
     if base and Path(base).name == "base":
         candidates.append(adapter_dir / "base")
+    relocated = relocated_base(adapter_dir)
+    candidates += [relocated] if relocated else []
     for candidate in candidates:
         if (candidate / "config.json").is_file():
             return candidate
