@@ -384,3 +384,31 @@ def test_a_cat_run_resumes_with_its_student_mounted_elsewhere_but_not_with_a_cop
     copy = shutil.copytree(elsewhere, tmp_path / "copy")
     with pytest.raises(PipelineMismatch, match=f"student: was '{elsewhere}', now '{copy}'"):
         run_cat(settings(copy), out, stop_after="collect_teacher", echo=lambda line: None)
+
+
+@pytest.mark.slow
+def test_a_cat_run_resumed_with_its_student_mounted_elsewhere_runs_and_merges_its_rft_adapter_there(tmp_path, tiny):
+    import shutil
+
+    from lora_adapters import random_lora_adapter
+
+    from toolself.models.local import adapter_base
+    from toolself.train.merge import prepare_base
+    from toolself.train.pipeline import CATSettings, State, run_cat
+
+    def settings(student) -> CATSettings:
+        return CATSettings(tasks=["builtin:research?hops=2"], teacher="expert", teacher_samples=1, limit=1,
+                           policy_samples=1, concurrency=1, student=str(student))
+
+    out = tmp_path / "cat"
+    trained_on = shutil.copytree(tiny, tmp_path / "node-a" / "student")
+    run_cat(settings(trained_on), out, stop_after="collect_teacher", echo=lambda line: None)
+    random_lora_adapter(trained_on, out / "rft", seed=1)  # as RFT leaves it: naming the path it trained on
+    for step in ("data_sft", "rft"):
+        State(out).finish(step, {}, 0.0)
+    student = shutil.move(trained_on, tmp_path / "node-b-mount")
+
+    result = run_cat(settings(student), out, stop_after="collect_policy", echo=lambda line: None)
+    assert (result["collect_policy"]["attempts"], result["collect_policy"]["errors"]) == (1, 0)
+    assert adapter_base(out / "rft") == student
+    assert (prepare_base(out / "rft", out / "kto") / "config.json").is_file()  # KTO's start: RFT merged into it

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from toolself.evals.records import changed_settings
 from toolself.evals.runner import run_eval
-from toolself.models.digests import local_model_identity, same_base
+from toolself.models.digests import local_model_identity, relocate_base, same_base
 from toolself.models.spec import ModelSpec, served_name
 from toolself.tools.options import ToolOptions
 from toolself.train.data import load_dataset_dir, save_dataset
@@ -289,7 +289,9 @@ def run_cat(settings: CATSettings, out: str | Path, force: bool = False, stop_af
 def run_step(settings: CATSettings, out: Path, step: str, echo: Callable[[str], None] = print,
              backend: Any = "local", server: AdapterServer | None = None) -> dict[str, Any]:
     """One step's work on what the steps before it left in `out`; returns its result."""
-    return STEP_FUNCTIONS[step](Step(settings, Path(out), echo, backend, server))
+    work = Step(settings, Path(out), echo, backend, server)
+    work.locate_student()
+    return STEP_FUNCTIONS[step](work)
 
 
 @dataclass
@@ -313,6 +315,18 @@ class Step:
 
     def student(self) -> Path:
         return self.settings.student_model().weights()
+
+    def locate_student(self) -> None:
+        """The RFT adapter (and the copy that stands for KTO when KTO was skipped) names the
+        student's path at training time. A student mounted elsewhere since, on the node a run
+        resumed on (`run_cat` has checked its digest), is recorded as their base there. (A student
+        that is an adapter itself was merged into `rft/base`, which the adapter finds.)"""
+        student = self.settings.student_model()
+        if student.kind != "local" or (student.weights() / "adapter_config.json").is_file():
+            return
+        for adapter in [self.rft_dir] + ([self.kto_dir] if self.kto_skipped() else []):
+            if (adapter / "adapter_config.json").is_file():
+                relocate_base(adapter, student.weights())
 
     def kto_skipped(self) -> str | None:
         """Why KTO was skipped (data_kto found one label only), or None."""
