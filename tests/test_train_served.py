@@ -9,6 +9,7 @@ when each server ran. The adapters are real LoRA adapters on a random-initialise
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -41,9 +42,11 @@ def test_the_policy_collection_and_the_evaluations_go_through_one_server_at_a_ti
     from toolself.train.pipeline import CATSettings, run_step
 
     out = tmp_path / "cat"
-    random_lora_adapter(tiny, out / "rft", seed=1)
+    trained_on = shutil.copytree(tiny, tmp_path / "node-a" / "student")
+    random_lora_adapter(trained_on, out / "rft", seed=1)
     random_lora_adapter(prepare_base(out / "rft", out / "kto"), out / "kto", seed=2)  # KTO on the merged RFT model
-    settings = CATSettings(tasks=["builtin:research?hops=2"], student=str(tiny), limit=1, policy_samples=1,
+    student = shutil.move(trained_on, tmp_path / "node-b-mount")  # the run resumed where it is mounted elsewhere
+    settings = CATSettings(tasks=["builtin:research?hops=2"], student=str(student), limit=1, policy_samples=1,
                            eval_limit=1, concurrency=1, timeout=300, max_length=512,
                            agent={"max_stages": 2, "max_steps_per_stage": 2})
     server = S.AdapterServer(str(vllm), free_port(), startup_seconds=120)
@@ -59,7 +62,7 @@ def test_the_policy_collection_and_the_evaluations_go_through_one_server_at_a_ti
               for name, folder in (("policy", "collect/policy"), ("student", "eval/student"), ("rft", "eval/rft"),
                                    ("kto", "eval/kto"))}
     assert models["policy"] == models["rft"] == f"openai:rft@{server.url}"
-    assert models["student"] == f"openai:{tiny}@{server.url}"  # the base, under its own name
+    assert models["student"] == f"openai:student@{server.url}"  # the base, by a name its mount cannot change
     assert models["kto"] == f"openai:kto@{server.url}"
     for folder in ("collect/policy", "eval/student", "eval/rft", "eval/kto"):  # decoded as their data renders
         options = json.loads((out / folder / "run.json").read_text())["identity"]["model_options"]

@@ -1,8 +1,9 @@
-"""What `vllm serve BASE --enable-lora --max-lora-rank R --lora-modules NAME=ADAPTER --port P`
-does, where vLLM cannot run (CI has no GPU): one OpenAI-compatible server for the base model
-and its adapters, each in toolself's own engine, routing each request by its `model` as vLLM
-does (the base by its path, an adapter by its name; any other name is a 404). An adapter is
-checked on start as vLLM checks a static LoRA module: a LoRA adapter of rank at most R.
+"""What `vllm serve BASE --enable-lora --max-lora-rank R --lora-modules NAME=ADAPTER
+[--served-model-name BASE_NAME] --port P` does, where vLLM cannot run (CI has no GPU): one
+OpenAI-compatible server for the base model and its adapters, each in toolself's own engine,
+routing each request by its `model` as vLLM does (the base by its served name, else its path;
+an adapter by its name; any other name is a 404). An adapter is checked on start as vLLM checks
+a static LoRA module: a LoRA adapter of rank at most R.
 
 A GPU is held while a server runs: with STANDIN_LEDGER set, the server appends when it started
 and stopped there (one JSON line each), so that a test can see which servers ran when.
@@ -88,6 +89,7 @@ def main() -> None:
     parser.add_argument("--enable-lora", action="store_true")
     parser.add_argument("--max-lora-rank", type=int, default=16)
     parser.add_argument("--lora-modules", nargs="+", default=[])
+    parser.add_argument("--served-model-name", nargs="+", default=None)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args()
@@ -108,7 +110,8 @@ def main() -> None:
         spec = ModelSpec.parse(f"local:{path}")
         return spec.load(**spec.options())
 
-    names = [args.model, *adapters]
+    base_name = args.served_model_name[0] if args.served_model_name else args.model
+    names = [base_name, *adapters]
     ledger = os.environ.get("STANDIN_LEDGER")
 
     def note(event: str) -> None:
@@ -118,10 +121,10 @@ def main() -> None:
 
     note("start")  # vLLM takes its share of the GPU's memory as it starts
     try:
-        models = {args.model: load(args.model), **{name: load(path) for name, path in adapters.items()}}
+        models = {base_name: load(args.model), **{name: load(path) for name, path in adapters.items()}}
         apps = {name: create_app(model, served_name=name) for name, model in models.items()}
         listing = [{"id": name, "object": "model", "owned_by": "vllm", "root": adapters.get(name, args.model),
-                    "parent": None if name == args.model else args.model} for name in names]
+                    "parent": None if name == base_name else base_name} for name in names]
         server = uvicorn.Server(uvicorn.Config(router(apps, listing), host=args.host, port=args.port,
                                                lifespan="off", log_level="warning"))
         server.capture_signals = contextlib.nullcontext  # uvicorn would re-raise SIGTERM and skip the note

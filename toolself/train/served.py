@@ -1,6 +1,8 @@
 """The trained adapters served by vLLM for the CAT pipeline's on-policy collection and its
 evaluations, instead of toolself's own engine: `vllm serve BASE --enable-lora --lora-modules
-NAME=ADAPTER`, reached as `openai:NAME@URL` (and the base as `openai:BASE@URL`).
+NAME=ADAPTER --served-model-name BASE_NAME`, reached as `openai:NAME@URL` (and the base as
+`openai:BASE_NAME@URL`: a name, not the base's path, which differs where a run resumes with its
+student mounted elsewhere).
 
 A vLLM server takes most of its GPU's memory as it starts (`--gpu-memory-utilization`, 0.9) and
 keeps it while it runs, so the pipeline runs one server at a time and stops each, waiting until
@@ -32,7 +34,7 @@ class ServerError(RuntimeError):
 
 @dataclass
 class Served:
-    """A running server: its URL, and the base model it serves under the base's own name."""
+    """A running server: its URL, and the name it serves the base model under."""
 
     url: str
     base: str
@@ -54,9 +56,9 @@ class AdapterServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     @contextmanager
-    def serving(self, name: str, adapter: Path, folder: Path) -> Iterator[Served]:
-        """The server of `adapter`, named `name`, on the base it was trained on, while the block
-        runs. Its output goes to `folder/vllm-NAME.log`."""
+    def serving(self, name: str, adapter: Path, folder: Path, base_name: str = "base") -> Iterator[Served]:
+        """The server of `adapter`, named `name`, on the base it was trained on (served as
+        `base_name`), while the block runs. Its output goes to `folder/vllm-NAME.log`."""
         from toolself.train.merge import adapter_base
 
         if not (adapter / "adapter_config.json").is_file():
@@ -68,7 +70,7 @@ class AdapterServer:
             raise ServerError(f"port {self.port} is taken by another server: stop it, or choose another port")
         rank = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8")).get("r", 16)
         command = [self.command, "serve", str(base), "--enable-lora", "--max-lora-rank", str(max(16, int(rank))),
-                   "--lora-modules", f"{name}={adapter}", "--port", str(self.port)]
+                   "--lora-modules", f"{name}={adapter}", "--served-model-name", base_name, "--port", str(self.port)]
         log = folder / f"vllm-{name}.log"
         with open(log, "ab") as output:
             try:
@@ -87,7 +89,7 @@ class AdapterServer:
                                       f"see {log}")
                 time.sleep(1)
             try:
-                yield Served(self.url, str(base))
+                yield Served(self.url, base_name)
             except StoppedEarly as exc:
                 if process.poll() is None:
                     raise
