@@ -137,11 +137,10 @@ echo "== 1. teacher: $REPEATS attempts per training task at temperature $TEMPERA
 collect teacher "$TEACHER" "$TRAIN_TASKS" "$TRAIN_SPLIT" "$TEMPERATURE" "$REPEATS"
 
 echo "== 2. RFT of $MODEL on the teacher's successes"
-# train_result.json is written after the whole model: a step killed before it trains again,
-# from its last checkpoint
-[ -f "$OUT/rft/train_result.json" ] || \
-  train rft --trajectories "$OUT/teacher" --student "$MODEL" --out "$OUT/rft" --seed "$SEED" \
-      --resume "${RFT_ARGS[@]}"
+# Run on every rerun: a finished RFT says so and trains nothing, and records where MODEL is
+# mounted now (a job resumed on another node), for KTO's merge and the local engine
+train rft --trajectories "$OUT/teacher" --student "$MODEL" --out "$OUT/rft" --seed "$SEED" \
+    --resume "${RFT_ARGS[@]}"
 
 echo "== 3. the RFT model: $REPEATS attempts per training task at temperature $TEMPERATURE"
 RFT=$(serve rft "$MODEL" "$OUT/rft" "$PORT")
@@ -149,6 +148,8 @@ collect policy "$RFT" "$TRAIN_TASKS" "$TRAIN_SPLIT" "$TEMPERATURE" "$REPEATS" st
 stop rft
 
 echo "== 4. trajectory-level KTO on the RFT model's attempts"
+# train_result.json is written after the whole model: a step killed before it trains again,
+# from its last checkpoint
 [ -f "$OUT/kto/train_result.json" ] || \
   train kto --policy "$OUT/rft" --trajectories "$OUT/policy" --out "$OUT/kto" --seed "$SEED" \
       --resume "${KTO_ARGS[@]}"

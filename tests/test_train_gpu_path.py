@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -266,9 +267,10 @@ def run_recipe(env_overrides: dict[str, str], timeout: float) -> subprocess.Comp
 
 
 @pytest.mark.slow
-def test_the_qwen3_recipe_script_runs_end_to_end_in_miniature_and_redoes_a_step_cut_short(tmp_path, tiny):
-    out = tmp_path / "run"
-    done = run_recipe({"CAT_MINIATURE": "1", "MODEL": str(tiny), "OUT": str(out)}, timeout=600)
+def test_the_qwen3_recipe_script_runs_end_to_end_in_miniature_and_redoes_a_step_cut_short_on_another_node(
+        tmp_path, tiny):
+    out, node_a = tmp_path / "run", shutil.copytree(tiny, tmp_path / "node-a" / "student")
+    done = run_recipe({"CAT_MINIATURE": "1", "MODEL": str(node_a), "OUT": str(out)}, timeout=600)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     for adapter in ("rft", "kto"):
         assert (out / adapter / "adapter_model.safetensors").is_file()
@@ -278,13 +280,20 @@ def test_the_qwen3_recipe_script_runs_end_to_end_in_miniature_and_redoes_a_step_
     assert policy["identity"]["model_options"]["temperature"] > 0  # the K attempts at a task are samples, not one greedy reply
     assert (out / "report" / "report.md").is_file()
 
-    # KTO killed while saving: its adapter written in part, train_result.json (written last) not at all
+    # KTO killed while saving: its adapter written in part, train_result.json (written last) not at all;
+    # the job rescheduled onto a node where the student is mounted elsewhere, before KTO had merged
+    # its base and the RFT model had been evaluated
     (out / "kto" / "train_result.json").unlink()
     (out / "kto" / "adapter_model.safetensors").write_bytes(b"")
-    again = run_recipe({"CAT_MINIATURE": "1", "MODEL": str(tiny), "OUT": str(out)}, timeout=600)
+    shutil.rmtree(out / "kto" / "base")
+    shutil.rmtree(out / "eval" / "rft")
+    node_b = shutil.move(node_a, tmp_path / "node-b-mount")
+    again = run_recipe({"CAT_MINIATURE": "1", "MODEL": str(node_b), "OUT": str(out)}, timeout=600)
     assert again.returncode == 0, (again.stdout[-2000:], again.stderr[-3000:])
-    assert "KTO done" in again.stdout and "RFT done" not in again.stdout  # the finished step is not redone
+    assert "already holds this run's trained model" in " ".join(again.stdout.split())  # RFT: not redone
+    assert "KTO done" in again.stdout
     assert (out / "kto" / "train_result.json").is_file() and (out / "kto" / "adapter_model.safetensors").stat().st_size
+    assert json.loads((out / "eval" / "rft" / "summary.json").read_text())["ran"]
 
 
 @pytest.mark.slow

@@ -259,16 +259,22 @@ def test_kto_starts_from_a_merge_of_the_rft_adapter_now_in_its_folder_not_of_the
     assert merged_q_proj(base).equal(merged_q_proj(prepare_base(tmp_path / "fresh", tmp_path / "other")))
 
 
-def test_a_base_model_mounted_at_another_path_is_the_same_base(finished, tiny, tiny_sft, tmp_path):
+def test_a_base_model_mounted_at_another_path_is_the_same_base_and_the_adapter_finds_it_there(
+        finished, tiny, tiny_sft, tmp_path):
+    from toolself.models.local import adapter_base
     from toolself.train.rft import train_rft
     from toolself.train.rft_config import RFTConfig
 
     resumed = shutil.copytree(finished, tmp_path / "run")
+    node_a = str(tmp_path / "node-a" / "models" / "tiny")  # not mounted here
     recorded = json.loads((resumed / "train_settings.json").read_text())
-    recorded["base"]["path"] = str(tmp_path / "node-a" / "models" / "tiny")  # not mounted here
+    recorded["base"]["path"] = node_a
     (resumed / "train_settings.json").write_text(json.dumps(recorded))
+    adapter = json.loads((resumed / "adapter_config.json").read_text())
+    (resumed / "adapter_config.json").write_text(json.dumps({**adapter, "base_model_name_or_path": node_a}))
     again = train_rft(tiny_sft[0], tiny, resumed, RFTConfig(**settings(resumed)), resume=True)
     assert again.extra["finished_earlier"]
+    assert adapter_base(resumed) == Path(tiny).resolve()  # so the next step (KTO's merge, a served model) loads
 
 
 def test_a_copy_of_the_base_beside_the_original_is_another_base(finished, tiny, tmp_path):

@@ -52,6 +52,7 @@ def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTC
     from trl import SFTTrainer
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
+    from toolself.models.digests import relocate_base
     from toolself.train.checkpoints import resumed_micro_batch
     from toolself.train.kernels import use_kernels
     from toolself.train.lora import load_base
@@ -72,6 +73,8 @@ def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTC
     if before_training is not None:
         before_training()
     if start.finished is not None:
+        if (out_dir / "adapter_config.json").is_file() and not (Path(model_path) / "adapter_config.json").is_file():
+            relocate_base(out_dir, Path(model_path))  # the same base (its digest), maybe mounted elsewhere now
         return finished_result(start.finished)
     from accelerate import PartialState
 
