@@ -155,6 +155,37 @@ def test_a_block_that_cannot_run_parses_and_names_what_still_exists(block):
     assert problems_of(block) == []
 
 
+def served_cat_models_that_may_think(block: Block) -> list[str]:
+    """`toolself eval` commands of a block whose model is a served RFT or KTO adapter
+    (`openai:rft@...`, `openai:kto@...`, also through a variable the block sets) sent without
+    `--request-options` or `--preset paper`."""
+    assigned: dict[str, str] = {}
+    found = []
+    for words in commands(block.code):
+        if len(words) == 1 and re.fullmatch(r"[A-Z_]+=.*", words[0]):
+            name, _, value = words[0].partition("=")
+            assigned[name] = value
+        invocation = toolself_invocation(words) or []
+        if invocation[:1] != ["eval"]:
+            continue
+        models = [re.sub(r"\$\{?(\w+)\}?", lambda m: assigned.get(m.group(1), m.group(0)), w)
+                  for flag, w in zip(invocation, invocation[1:]) if flag in ("-m", "--model")]
+        if any(re.match(r"openai:(rft|kto)@", m) for m in models) and "--request-options" not in invocation \
+                and "paper" not in invocation:
+            found.append(f"{block.name}: {' '.join(words)[:120]}")
+    return found
+
+
+def test_every_documented_evaluation_of_a_served_cat_model_asks_it_not_to_think():
+    """Under toolself's protocol the data keeps no reasoning, and served Qwen3 thinks unless asked
+    not to (training.md, "Serving a trained adapter"); a CAT model that thinks decodes otherwise
+    than it was trained, and KTO would train on replies without the reasoning it wrote."""
+    assert [line for b in CHECKED for line in served_cat_models_that_may_think(b)] == []
+    stale = Block(ROOT / "docs" / "scaling.md", 1, "bash", "gpu",
+                  'POLICY="openai:rft@http://127.0.0.1:8000/v1"\ntoolself eval -t builtin:research -m "$POLICY"\n')
+    assert len(served_cat_models_that_may_think(stale)) == 1
+
+
 def test_the_checks_catch_a_renamed_option_a_missing_target_and_bad_syntax():
     stale = Block(ROOT / "README.md", 1, "bash", "long",
                   "toolself eval --tasks builtin:research --time-limit 5\nmake nothing\nfor x in; do\n")
