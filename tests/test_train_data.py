@@ -464,3 +464,59 @@ def test_a_chatml_template_opens_a_reply_with_nothing_and_qwen3s_with_an_empty_t
     from toolself.models.local import reply_opening
 
     assert reply_opening(tokenizer) == "" and reply_opening(qwen3_tokenizer) == "<think>\n\n</think>\n\n"
+
+
+def replaying(replies, native: bool, bodies: list):
+    """An OpenAI-compatible chat endpoint that answers the n-th request with replies[n], as a
+    server answers on that protocol, and keeps every request body in `bodies`."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def endpoint(request):
+        bodies.append(await request.json())
+        reply = replies[len(bodies) - 1]
+        if isinstance(reply, str):
+            message = {"content": reply}
+        elif native:
+            calls = [{"id": f"call_{len(bodies)}_{i}", "type": "function",
+                      "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                     for i, c in enumerate(reply.tool_calls)]
+            message = {"content": reply.content or None, "tool_calls": calls}
+        else:
+            message = {"content": D.to_text_messages([reply], None)[0]["content"]}
+        return JSONResponse({"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "student",
+                             "choices": [{"index": 0, "message": {"role": "assistant", **message},
+                                          "finish_reason": "stop"}]})
+
+    return Starlette(routes=[Route("/v1/chat/completions", endpoint, methods=["POST"])])
+
+
+def as_vllm_renders(messages):
+    """A request's messages as vLLM hands them to the chat template: tool-call arguments parsed."""
+    def parsed(call):
+        return {**call, "function": {**call["function"], "arguments": json.loads(call["function"]["arguments"])}}
+
+    return [{**m, "tool_calls": [parsed(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in messages]
+
+
+@pytest.mark.parametrize("tool_protocol", ["native", "text"])
+def test_under_qwen3s_template_a_served_policy_is_prompted_as_training_rendered_each_replys_prompt(
+        qwen3_tokenizer, tool_protocol):
+    from http_fixtures import running_server
+
+    from toolself.models.openai_compat import OpenAIModel
+
+    bodies: list = []
+    with running_server(replaying(TWO_STAGES, tool_protocol == "native", bodies)) as url:
+        trajectory = run(TWO_STAGES, model=OpenAIModel("student", url + "/v1", tool_protocol=tool_protocol,
+                                                       max_retries=0))
+    renderer = D.Renderer(qwen3_tokenizer, D.tool_schemas(POOL))
+    calls = all_calls(trajectory)
+    assert len(bodies) == len(calls) == len(TWO_STAGES)
+    for body, (conversation, c) in zip(bodies, calls):
+        served = qwen3_tokenizer.apply_chat_template(  # as vLLM renders it, thinking off
+            as_vllm_renders(body["messages"]), tools=body.get("tools"), tokenize=False, add_generation_prompt=True,
+            enable_thinking=False)
+        trained = qwen3_tokenizer.decode(renderer.prompt_ids(conversation.visible(c), c.tools))
+        assert served == trained + "<think>\n\n</think>\n\n"  # the opening every trained reply has
