@@ -98,7 +98,8 @@ up() {  # up URL: whether an OpenAI-compatible server answers there
       2>/dev/null
 }
 
-serve() {  # serve NAME BASE ADAPTER PORT: start vLLM with the adapter; print its model spec
+serve() {  # serve NAME BASE ADAPTER PORT [BASE_NAME]: start vLLM with the adapter, the base served
+  # as BASE_NAME (default: base); print the adapter's model spec
   if [ -z "$VLLM" ]; then
     echo "local:$3"
     return
@@ -106,7 +107,8 @@ serve() {  # serve NAME BASE ADAPTER PORT: start vLLM with the adapter; print it
   local url="http://127.0.0.1:$4/v1"
   if ! { [ -f "$OUT/vllm-$1.pid" ] && kill -0 "$(cat "$OUT/vllm-$1.pid")" 2>/dev/null; }; then
     up "$url" && die "port $4 is taken by another server: stop it, or free the port"
-    setsid "$VLLM" serve "$2" --enable-lora --max-lora-rank 16 --lora-modules "$1=$3" --port "$4" \
+    setsid "$VLLM" serve "$2" --enable-lora --max-lora-rank 16 --lora-modules "$1=$3" \
+        --served-model-name "${5:-base}" --port "$4" \
         >"$OUT/vllm-$1.log" 2>&1 </dev/null &
     echo $! >"$OUT/vllm-$1.pid"
   fi
@@ -143,7 +145,7 @@ train rft --trajectories "$OUT/teacher" --student "$MODEL" --out "$OUT/rft" --se
     --resume "${RFT_ARGS[@]}"
 
 echo "== 3. the RFT model: $REPEATS attempts per training task at temperature $TEMPERATURE"
-RFT=$(serve rft "$MODEL" "$OUT/rft" "$PORT")
+RFT=$(serve rft "$MODEL" "$OUT/rft" "$PORT" student)
 collect policy "$RFT" "$TRAIN_TASKS" "$TRAIN_SPLIT" "$TEMPERATURE" "$REPEATS" student
 stop rft
 
@@ -155,9 +157,11 @@ echo "== 4. trajectory-level KTO on the RFT model's attempts"
       --resume "${KTO_ARGS[@]}"
 
 echo "== 5. student, RFT and KTO on the held-out questions (greedy)"
-RFT=$(serve rft "$MODEL" "$OUT/rft" "$PORT")
+RFT=$(serve rft "$MODEL" "$OUT/rft" "$PORT" student)
+# The RFT server's base, by a name and not by MODEL's path, which a job resumed on another node
+# may have mounted elsewhere; step 2 has refused another model by its digest
 STUDENT="local:$MODEL"
-[ -z "$VLLM" ] || STUDENT="openai:$MODEL@http://127.0.0.1:$PORT/v1"  # the RFT server's base model
+[ -z "$VLLM" ] || STUDENT="openai:student@http://127.0.0.1:$PORT/v1"
 collect eval/student "$STUDENT" "$TEST_TASKS" "$TEST_SPLIT" 0 1 student
 collect eval/rft "$RFT" "$TEST_TASKS" "$TEST_SPLIT" 0 1 student
 stop rft

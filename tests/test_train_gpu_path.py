@@ -321,7 +321,7 @@ def test_the_recipe_trains_under_a_launcher_and_serves_with_vllm_one_server_at_a
               for name, folder in (("policy", "policy"), ("student", "eval/student"), ("rft", "eval/rft"),
                                    ("kto", "eval/kto"))}
     assert models["policy"].startswith("openai:rft@") and models["rft"].startswith("openai:rft@")
-    assert models["student"].startswith(f"openai:{tiny}@") and models["kto"].startswith("openai:kto@")
+    assert models["student"].startswith("openai:student@") and models["kto"].startswith("openai:kto@")
     for name in ("student", "rft", "kto"):
         summary = json.loads((out / "eval" / name / "summary.json").read_text())
         assert summary["ran"] and not summary["status"].get("error")  # each ran through its server
