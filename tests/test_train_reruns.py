@@ -320,6 +320,15 @@ def test_an_adapter_finds_its_base_where_it_was_relocated_only_while_the_path_it
     assert json.loads((adapter / "adapter_config.json").read_text()) == {"base_model_name_or_path": str(named)}
 
 
+def test_an_adapter_whose_base_is_nowhere_here_says_how_to_find_it(tmp_path):
+    from toolself.models.base import ModelError
+    from toolself.models.local import adapter_base
+
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/node-a/models/qwen3"}))
+    with pytest.raises(ModelError, match="trained on '/node-a/models/qwen3'.*rerun the `train rft` or `train cat`"):
+        adapter_base(tmp_path)
+
+
 def test_a_moved_run_folder_keeps_its_merged_base_and_its_kto_adapter_finds_it(tmp_path, tiny):
     from toolself.models.local import adapter_base, load_weights
     from toolself.train.merge import MERGED_FROM, prepare_base

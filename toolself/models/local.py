@@ -138,7 +138,8 @@ def adapter_base(adapter_dir: str | os.PathLike) -> Path:
             return candidate
     if not base or _is_default_base(base) or Path(base).resolve() == default_model_dir().resolve():
         return default_model_dir()
-    raise ModelError(f"the adapter in {adapter_dir} was trained on {base!r}, which is not available here")
+    raise ModelError(f"the adapter in {adapter_dir} was trained on {base!r}, which is not available here: mount "
+                     "it there, or rerun the `train rft` or `train cat` that made it with the base where it is now")
 
 
 def model_config(directory: str | os.PathLike) -> dict[str, Any] | None:
