@@ -447,6 +447,47 @@ def test_rejected_max_tokens_switches_to_max_completion_tokens():
     assert [r.get("max_completion_tokens") for r in app.state.requests] == [None, 32, 16]
 
 
+def refusing(field: str, message: str, code: str) -> Step:
+    """A step that answers as OpenAI answers a request carrying a field the model does not take."""
+    async def step(body):
+        if field in body:
+            return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": field,
+                                           "code": code}}, status_code=400)
+        return JSONResponse(chat_body({"content": "ok"}))
+    return step
+
+
+def test_a_temperature_the_model_refuses_is_left_out_from_then_on_with_a_warning(caplog):
+    app = fault_app(refusing("temperature", "Unsupported value: 'temperature' does not support 0 with this model. "
+                                            "Only the default (1) value is supported.", "unsupported_value"))
+    with running_server(app) as base:
+        model = fast_client(base + "/v1", temperature=0.0, seed=7)
+        assert model.complete(user("hi")).text == "ok"
+        assert model.complete(user("again")).text == "ok"
+    assert [("temperature" in r, r.get("seed")) for r in app.state.requests] == [(True, 7), (False, 7), (False, 7)]
+    assert [r.message for r in caplog.records if r.levelname == "WARNING"] == [
+        f"openai:test-model at {base}/v1 does not take temperature (HTTP 400: Unsupported value: 'temperature' does "
+        "not support 0 with this model. Only the default (1) value is supported.): sent without it from now on, so "
+        "it samples at its own default"]
+
+
+def test_a_top_p_a_preset_sends_that_the_model_refuses_is_left_out_too():
+    app = fault_app(refusing("top_p", "Unsupported parameter: 'top_p' is not supported with this model.",
+                             "unsupported_parameter"))
+    with running_server(app) as base:
+        assert fast_client(base + "/v1", extra_body={"top_p": 0.95}).complete(user("hi")).text == "ok"
+    assert [r.get("top_p") for r in app.state.requests] == [0.95, None]
+
+
+def test_a_temperature_out_of_range_is_an_error_not_a_field_to_drop():
+    app = fault_app(refusing("temperature", "Invalid 'temperature': decimal above maximum value. Expected a value "
+                                            "<= 2, but got 3 instead.", "decimal_above_max_value"))
+    with running_server(app) as base:
+        with pytest.raises(ModelError, match="rejected the request: HTTP 400: Invalid 'temperature'"):
+            fast_client(base + "/v1", temperature=3.0).complete(user("hi"))
+    assert len(app.state.requests) == 1
+
+
 class SessionModel(ScriptedModel):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import logging
 import os
 import random
 import re
@@ -34,6 +35,8 @@ from toolself.models.protocol import (DEFAULT, TextProtocol, new_call_id, parse_
                                       text_protocol_named, to_text_messages)
 from toolself.models.tokenizers import own_tokenizer
 
+log = logging.getLogger(__name__)
+
 ToolProtocol = Literal["native", "text", "auto"]
 
 SPEC_PREFIX = "openai:"
@@ -44,6 +47,9 @@ _SCHEMA_NAME = "configuration"
 # What the client itself writes into a request, from its own settings and the call's.
 CLIENT_FIELDS = frozenset({"model", "messages", "tools", "tool_choice", "response_format", "max_tokens",
                            "max_completion_tokens", "temperature", "seed", "stream", "stream_options", "session"})
+# Sampling fields a model may refuse outright (OpenAI's reasoning models take only their default
+# temperature and top_p): left out for the rest of the run, with a warning, rather than failing it.
+SAMPLING_FIELDS = ("temperature", "top_p", "seed")
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,17 @@ def _error_text(exc: BaseException) -> str:
     return (str(exc) + " " + (json.dumps(body) if body is not None else "")).lower()
 
 
+def _unsupported_field(exc: BaseException) -> str | None:
+    """The sampling field a 400 says the model does not take (OpenAI: `param` with code
+    `unsupported_value` or `unsupported_parameter`), or None."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        body = body["error"]
+    if not isinstance(body, dict) or body.get("code") not in ("unsupported_value", "unsupported_parameter"):
+        return None
+    return body.get("param") if body.get("param") in SAMPLING_FIELDS else None
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, openai.APITimeoutError):
         return "the request timed out"
@@ -215,6 +232,7 @@ class OpenAIModel:
         self.native_tools = tool_protocol != "text"
         self.schema_format = True
         self.max_tokens_field = "max_tokens"
+        self.refused_fields: set[str] = set()  # SAMPLING_FIELDS the model does not take
         self._client: openai.OpenAI | None = None
         # An async HTTP client belongs to the event loop it was first used on.
         self._client_lock = threading.Lock()
@@ -334,6 +352,9 @@ class OpenAIModel:
         if self.seed is not None:
             body["seed"] = self.seed
         extra = dict(self.extra_body)
+        for field in self.refused_fields:
+            body.pop(field, None)
+            extra.pop(field, None)
         if self.send_session and session:
             extra["session"] = session
         if extra:
@@ -356,6 +377,12 @@ class OpenAIModel:
             if "max_tokens" in text and "max_completion_tokens" in text and self.max_tokens_field == "max_tokens":
                 # OpenAI's reasoning models accept only the newer name.
                 self.max_tokens_field = "max_completion_tokens"
+                return _REBUILD
+            refused = _unsupported_field(exc)
+            if refused is not None and refused not in self.refused_fields:
+                self.refused_fields.add(refused)
+                log.warning("%s does not take %s (%s): sent without it from now on, so it samples at its own "
+                            "default", where, refused, _describe(exc))
                 return _REBUILD
             raise ModelError(f"{where} rejected the request: {_describe(exc)}") from exc
         retryable = isinstance(exc, openai.APIConnectionError) or (
