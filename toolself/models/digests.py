@@ -75,9 +75,9 @@ def relocated_base(adapter_dir: Path) -> Path | None:
 def relocate_base(adapter_dir: Path, base: Path) -> None:
     """Record that the base of the adapter in `adapter_dir` is mounted at `base` now, for a
     command that has checked the base's digest (a CAT run its student's, before any step; a
-    rerun of a finished `train rft`, the base it is given). The adapter's own
-    files stay as trained, so its digest, which KTO's merge and evaluations recorded, stands;
-    the path it names still wins while it is there."""
+    rerun of a finished `train rft`, the base it is given). The adapter's own files stay as
+    trained, so its digest, which KTO's merge and evaluations recorded, stands; the path it
+    names still wins while it is there."""
     adapter_dir, base = Path(adapter_dir), Path(base).resolve()
     named = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8")).get("base_model_name_or_path")
     if (named and Path(named).resolve() == base) or relocated_base(adapter_dir) == base:

@@ -445,7 +445,7 @@ def _evaluate(step: Step) -> dict[str, Any]:
     by_rft = [n for n in s.evaluate if n != "kto" or step.kto_skipped()]
     if by_rft:
         with step.server.serving("rft", step.rft_dir, out, base_name="student") as served:
-            run(by_rft, {"student": served.spec(served.base), "rft": served.spec("rft")}, served=True)
+            run(by_rft, {"student": served.spec(served.base_name), "rft": served.spec("rft")}, served=True)
     if "kto" in s.evaluate and not step.kto_skipped():
         with step.server.serving("kto", step.kto_dir, out) as served:
             run(["kto"], {"kto": served.spec("kto")}, served=True)

@@ -37,7 +37,7 @@ class Served:
     """A running server: its URL, and the name it serves the base model under."""
 
     url: str
-    base: str
+    base_name: str
 
     def spec(self, name: str) -> str:
         return f"openai:{name}@{self.url}"
