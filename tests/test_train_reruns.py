@@ -320,6 +320,14 @@ def test_an_adapter_finds_its_base_where_it_was_relocated_only_while_the_path_it
     assert json.loads((adapter / "adapter_config.json").read_text()) == {"base_model_name_or_path": str(named)}
 
 
+def test_an_adapter_cut_short_while_saving_is_not_relocated_and_does_not_stop_the_step_that_redoes_it(tmp_path):
+    from toolself.models.digests import BASE_LOCATION, relocate_base
+
+    (tmp_path / "adapter_config.json").write_text("")  # killed between opening the file and writing it
+    relocate_base(tmp_path, tmp_path)
+    assert not (tmp_path / BASE_LOCATION).exists()
+
+
 def test_an_adapter_whose_base_is_nowhere_here_says_how_to_find_it(tmp_path):
     from toolself.models.base import ModelError
     from toolself.models.local import adapter_base

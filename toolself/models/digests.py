@@ -79,7 +79,10 @@ def relocate_base(adapter_dir: Path, base: Path) -> None:
     trained, so its digest, which KTO's merge and evaluations recorded, stands; the path it
     names still wins while it is there."""
     adapter_dir, base = Path(adapter_dir), Path(base).resolve()
-    named = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8")).get("base_model_name_or_path")
+    try:
+        named = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))["base_model_name_or_path"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # an adapter cut short while saving: its step trains it again, naming the base as it is now
     if (named and Path(named).resolve() == base) or relocated_base(adapter_dir) == base:
         return
     tmp = adapter_dir / f".{BASE_LOCATION}.{os.getpid()}"
