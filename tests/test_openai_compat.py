@@ -488,6 +488,41 @@ def test_a_temperature_out_of_range_is_an_error_not_a_field_to_drop():
     assert len(app.state.requests) == 1
 
 
+REFUSALS = {  # what a server refuses, how it says so, and the call that sends it
+    "temperature": ({"message": "Unsupported value: 'temperature' does not support 0 with this model. Only the "
+                                "default (1) value is supported.", "param": "temperature", "code": "unsupported_value"},
+                    {"temperature": 0.0}, {}),
+    "max_tokens": ({"message": "Unsupported parameter: 'max_tokens' is not supported with this model. Use "
+                               "'max_completion_tokens' instead."}, {}, {"max_tokens": 16}),
+    "response_format": ({"message": "response_format is not supported"}, {}, {"response_schema": SCHEMA}),
+    "tools": ({"message": "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set"},
+              {}, {"tools": [SEARCH]}),
+}
+
+
+@pytest.mark.parametrize("field", list(REFUSALS))
+def test_concurrent_requests_that_meet_the_same_refusal_each_adapt_and_succeed(field):
+    error, options, call_options = REFUSALS[field]
+
+    async def refuse_while_all_are_in_flight(body):
+        if field in body:
+            await asyncio.sleep(0.2)
+            return JSONResponse({"error": {"type": "invalid_request_error", **error}}, status_code=400)
+        return JSONResponse(chat_body({"content": '{"subgoal": "s", "toolbox": []}'}))
+
+    async def eight_at_once(model):
+        try:
+            return await asyncio.gather(*(model.acomplete(user(f"q{i}"), **call_options) for i in range(8)))
+        finally:
+            await model.aclose()
+
+    app = fault_app(refuse_while_all_are_in_flight)
+    with running_server(app) as base:
+        completions = asyncio.run(eight_at_once(fast_client(base + "/v1", **options)))
+    assert [json.loads(c.text) for c in completions] == [{"subgoal": "s", "toolbox": []}] * 8
+    assert len(app.state.requests) == 16  # each sent once as it was, once adapted
+
+
 class SessionModel(ScriptedModel):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -252,7 +252,7 @@ class OpenAIModel:
             try:
                 data = self._sync_client().post(_PATH, body=_wire(body), cast_to=httpx.Response).json()
             except (openai.OpenAIError, ValueError) as exc:
-                action = self._after_error(exc, attempt, native, tools, messages, response_schema)
+                action = self._after_error(exc, attempt, body, native, tools, messages)
                 if action is not _REBUILD:
                     time.sleep(action)
                     attempt += 1
@@ -268,7 +268,7 @@ class OpenAIModel:
                 response = await self._async_client().post(_PATH, body=_wire(body), cast_to=httpx.Response)
                 data = response.json()
             except (openai.OpenAIError, ValueError) as exc:
-                action = self._after_error(exc, attempt, native, tools, messages, response_schema)
+                action = self._after_error(exc, attempt, body, native, tools, messages)
                 if action is not _REBUILD:
                     await asyncio.sleep(action)
                     attempt += 1
@@ -361,8 +361,11 @@ class OpenAIModel:
             body["extra_body"] = extra
         return body, native
 
-    def _after_error(self, exc: BaseException, attempt: int, native: bool, tools, messages, response_schema) -> float | _Rebuild:
-        """Decide what a failed attempt means: adapt and resend, wait and retry, or give up."""
+    def _after_error(self, exc: BaseException, attempt: int, sent: dict[str, Any], native: bool, tools,
+                     messages) -> float | _Rebuild:
+        """Decide what a failed attempt means: adapt and resend, wait and retry, or give up. An
+        adaptation is decided by what this request `sent`, not by what the model has learnt since:
+        concurrent requests meet the same refusal, and each must be sent again, adapted."""
         where = f"{self.name} at {self.base_url}"
         if isinstance(exc, openai.APIStatusError) and exc.status_code in (400, 422):
             text = _error_text(exc)
@@ -370,19 +373,20 @@ class OpenAIModel:
             if native and self.tool_protocol == "auto" and uses_tools and "tool" in text:
                 self.native_tools = False
                 return _REBUILD
-            if response_schema is not None and self.schema_format and any(
+            if "response_format" in sent and any(
                     word in text for word in ("response_format", "json_schema", "structured output", "guided")):
                 self.schema_format = False
                 return _REBUILD
-            if "max_tokens" in text and "max_completion_tokens" in text and self.max_tokens_field == "max_tokens":
+            if "max_tokens" in sent and "max_tokens" in text and "max_completion_tokens" in text:
                 # OpenAI's reasoning models accept only the newer name.
                 self.max_tokens_field = "max_completion_tokens"
                 return _REBUILD
             refused = _unsupported_field(exc)
-            if refused is not None and refused not in self.refused_fields:
-                self.refused_fields.add(refused)
-                log.warning("%s does not take %s (%s): sent without it from now on, so it samples at its own "
-                            "default", where, refused, _describe(exc))
+            if refused is not None and (refused in sent or refused in sent.get("extra_body", {})):
+                if refused not in self.refused_fields:
+                    self.refused_fields.add(refused)
+                    log.warning("%s does not take %s (%s): sent without it from now on, so it samples at its "
+                                "own default", where, refused, _describe(exc))
                 return _REBUILD
             raise ModelError(f"{where} rejected the request: {_describe(exc)}") from exc
         retryable = isinstance(exc, openai.APIConnectionError) or (
