@@ -631,3 +631,15 @@ def test_an_agent_episode_runs_against_toolself_serve(protocol):
     assert trajectory.usage.prompt_tokens > 0 and trajectory.usage.completion_tokens > 0
     observations = [m.content for m in scripted.calls[2]["messages"]]
     assert any("alpha" in text for text in observations), "the tool result travelled back over HTTP"
+
+
+def test_an_attempt_records_the_sampling_fields_its_model_refused():
+    app = fault_app(refusing("temperature", "Unsupported value: 'temperature' does not support 0.7 with this model. "
+                                            "Only the default (1) value is supported.", "unsupported_value"))
+    with running_server(app) as base:
+        model = fast_client(base + "/v1", temperature=0.7)
+        trajectory = Agent(model, ToolPool([]), AgentSettings(max_stages=1, max_steps_per_stage=1)).run("Say ok.")
+        untouched = Agent(fast_client(base + "/v1"), ToolPool([]), AgentSettings(max_stages=1,
+                                                                                 max_steps_per_stage=1)).run("Say ok.")
+    assert trajectory.metadata["model_refused_fields"] == ["temperature"]
+    assert "model_refused_fields" not in untouched.metadata

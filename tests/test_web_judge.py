@@ -73,3 +73,16 @@ def test_a_failed_judge_is_asked_again_on_the_next_run(tmp_path):
     up = FakeService([], default=Reply(200, CORRECT))
     with up.running() as url:
         assert judge_at(url, tmp_path).judge("Where?", "Paris", "Paris!").correct
+
+
+def test_a_judge_that_refuses_temperature_0_judges_at_its_default_and_the_verdict_says_so(tmp_path):
+    refusal = Reply(400, {"error": {"message": "Unsupported value: 'temperature' does not support 0 with this model. "
+                                               "Only the default (1) value is supported.",
+                                    "type": "invalid_request_error", "param": "temperature",
+                                    "code": "unsupported_value"}})
+    service = FakeService([refusal], default=Reply(200, CORRECT))
+    with service.running() as url:
+        model = OpenAIModel("gpt-5", url + "/v1", api_key="k", temperature=0.0, max_retries=0)
+        verdict = LLMJudge(model, cache_dir=tmp_path / "verdicts").judge("Where?", "Paris", "Paris")
+    assert verdict.correct and verdict.details["judge_refused_fields"] == ["temperature"]
+    assert [("temperature" in r["body"]) for r in service.requests] == [True, False]

@@ -98,6 +98,9 @@ class Agent:
         finally:
             if own_ctx:
                 ctx.close()
+        refused = sorted(getattr(self.model, "refused_fields", ()))
+        if refused:  # sent without these, the server sampled at its own defaults (`openai_compat`)
+            trajectory.metadata["model_refused_fields"] = refused
         self.observer.finished(trajectory)
         return trajectory
 

@@ -113,6 +113,9 @@ class LLMJudge:
                 reason = f"the judge said {'CORRECT' if verdict else 'INCORRECT'}"
                 details = {"judge_model": getattr(self.model, "name", ""), "reply": reply, "cached": False,
                            "protocol": protocol.name if protocol else "toolself"}
+                refused = sorted(getattr(self.model, "refused_fields", ()))
+                if refused:  # sent without these, the judge sampled at its own defaults
+                    details["judge_refused_fields"] = refused
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_suffix(".tmp")
                 tmp.write_text(json.dumps({"correct": verdict, "reason": reason, "details": details}), encoding="utf-8")
