@@ -144,26 +144,29 @@ def _error_text(exc: BaseException) -> str:
     return (str(exc) + " " + (json.dumps(body) if body is not None else "")).lower()
 
 
-def _unsupported_field(exc: BaseException) -> str | None:
-    """The sampling field a 400 says the model does not take (OpenAI: `param` with code
-    `unsupported_value` or `unsupported_parameter`), or None."""
+def _error_object(exc: BaseException) -> dict[str, Any]:
+    """The error object of a server's error body (`{"message", "param", "code", ...}`), whether
+    the SDK unwrapped it from `{"error": ...}` or not; empty when the body has none."""
     body = getattr(exc, "body", None)
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         body = body["error"]
-    if not isinstance(body, dict) or body.get("code") not in ("unsupported_value", "unsupported_parameter"):
+    return body if isinstance(body, dict) else {}
+
+
+def _unsupported_field(exc: BaseException) -> str | None:
+    """The sampling field a 400 says the model does not take (OpenAI: `param` with code
+    `unsupported_value` or `unsupported_parameter`), or None."""
+    error = _error_object(exc)
+    if error.get("code") not in ("unsupported_value", "unsupported_parameter"):
         return None
-    return body.get("param") if body.get("param") in SAMPLING_FIELDS else None
+    return error.get("param") if error.get("param") in SAMPLING_FIELDS else None
 
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, openai.APITimeoutError):
         return "the request timed out"
     if isinstance(exc, openai.APIStatusError):
-        body = exc.body
-        message = body.get("message") if isinstance(body, dict) else None
-        if isinstance(body, dict) and isinstance(body.get("error"), dict):
-            message = body["error"].get("message")
-        return f"HTTP {exc.status_code}: {message or exc.message}"
+        return f"HTTP {exc.status_code}: {_error_object(exc).get('message') or exc.message}"
     if isinstance(exc, openai.APIConnectionError):
         cause = exc.__cause__
         return f"connection error ({type(cause).__name__}: {cause})" if cause else "connection error"
