@@ -328,6 +328,18 @@ def test_an_adapter_cut_short_while_saving_is_not_relocated_and_does_not_stop_th
     assert not (tmp_path / BASE_LOCATION).exists()
 
 
+def test_an_adapter_trained_on_an_adapter_is_not_relocated_to_it(tmp_path):
+    from toolself.models.digests import BASE_LOCATION, relocate_base
+
+    student, rft = tmp_path / "student-adapter", tmp_path / "rft"
+    for folder in (student, rft):
+        folder.mkdir()
+    (student / "adapter_config.json").write_text("{}")
+    (rft / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(rft / "base")}))
+    relocate_base(rft, student)  # its base is the merge in rft/base, not the student adapter
+    assert not (rft / BASE_LOCATION).exists()
+
+
 def test_an_adapter_whose_base_is_nowhere_here_says_how_to_find_it(tmp_path):
     from toolself.models.base import ModelError
     from toolself.models.local import adapter_base

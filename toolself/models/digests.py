@@ -77,8 +77,12 @@ def relocate_base(adapter_dir: Path, base: Path) -> None:
     command that has checked the base's digest (a CAT run its student's, before any step; a
     rerun of a finished `train rft`, the base it is given). The adapter's own files stay as
     trained, so its digest, which KTO's merge and evaluations recorded, stands; the path it
-    names still wins while it is there."""
+    names still wins while it is there. Nothing is recorded for a base that is an adapter itself
+    (training merged it into the adapter's own `base/`, which `adapter_base` finds), nor for a
+    folder that holds no adapter (a full fine-tune)."""
     adapter_dir, base = Path(adapter_dir), Path(base).resolve()
+    if (base / "adapter_config.json").is_file():
+        return
     try:
         named = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))["base_model_name_or_path"]
     except (OSError, ValueError, KeyError, TypeError):

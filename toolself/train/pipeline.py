@@ -319,14 +319,13 @@ class Step:
     def locate_student(self) -> None:
         """The RFT adapter (and the copy that stands for KTO when KTO was skipped) names the
         student's path at training time. A student mounted elsewhere since, on the node a run
-        resumed on (`run_cat` has checked its digest), is recorded as their base there. (A student
-        that is an adapter itself was merged into `rft/base`, which the adapter finds.)"""
+        resumed on (`run_cat` has checked its digest), is recorded as their base there."""
         student = self.settings.student_model()
-        if student.kind != "local" or (student.weights() / "adapter_config.json").is_file():
+        if student.kind != "local":
             return
+        weights = student.weights()
         for adapter in [self.rft_dir] + ([self.kto_dir] if self.kto_skipped() else []):
-            if (adapter / "adapter_config.json").is_file():
-                relocate_base(adapter, student.weights())
+            relocate_base(adapter, weights)
 
     def kto_skipped(self) -> str | None:
         """Why KTO was skipped (data_kto found one label only), or None."""

@@ -73,8 +73,7 @@ def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTC
     if before_training is not None:
         before_training()
     if start.finished is not None:
-        if (out_dir / "adapter_config.json").is_file() and not (Path(model_path) / "adapter_config.json").is_file():
-            relocate_base(out_dir, Path(model_path))  # the same base (its digest), maybe mounted elsewhere now
+        relocate_base(out_dir, Path(model_path))  # the same base (its digest), maybe mounted elsewhere now
         return finished_result(start.finished)
     from accelerate import PartialState
 
