@@ -197,6 +197,7 @@ def decoding(model_dir: Path, max_tokens: int) -> dict[str, Any]:
                                max_tokens=max_tokens, max_batch=8)
     out: dict[str, Any] = {}
     ids = {}
+    store_gib = round(model.engine.store.max_bytes / 2**30, 2)
     try:
         model.complete([Message(role="user", content="Warm-up.")], session=None)
         for concurrent in (1, 8):
@@ -215,6 +216,7 @@ def decoding(model_dir: Path, max_tokens: int) -> dict[str, Any]:
     one, eight = out["concurrent_1"]["tokens_per_second"], out["concurrent_8"]["tokens_per_second"]
     out["speedup_8_over_1"] = round(eight / one, 2) if one else None
     out["batched_reply_matches_alone"] = ids[1] == ids[8]
+    out["prefix_store_gib"] = store_gib  # what the engine keeps between turns on this device
     return out
 
 

@@ -100,3 +100,58 @@ def test_a_large_model_writes_long_replies_with_uncapped_strings_unless_told(tin
     finally:
         for model in (small, large, told):
             model.close()
+
+
+@pytest.mark.parametrize("shape", ["tiny", "qwen3-0.6b"])  # Qwen3-0.6B: head_dim 128, not hidden / heads
+def test_a_tokens_key_and_value_bytes_are_read_from_the_config_as_the_model_caches_them(shape):
+    from transformers import AutoModelForCausalLM
+
+    from toolself.models.memory import kv_bytes_per_token
+
+    config = shape_config(shape, vocab_size=256)
+    config.num_hidden_layers = 2
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        cache = model(torch.arange(5)[None], use_cache=True).past_key_values
+    cached = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+    assert kv_bytes_per_token(model, torch.bfloat16) * 5 == cached
+
+
+def eight_b_on_a_gpu():
+    from types import SimpleNamespace
+
+    return SimpleNamespace(config=shape_config("qwen3-8b"), device=torch.device("cuda", 0))
+
+
+def test_a_large_students_prefix_store_on_a_gpu_holds_its_batch_of_whole_sessions(monkeypatch):
+    from toolself.models.local import LARGE_MAX_TOKENS
+    from toolself.models.memory import CPU_PREFIX_STORE_BYTES, kv_bytes_per_token, prefix_store_bytes
+
+    model = eight_b_on_a_gpu()
+    per_token = kv_bytes_per_token(model, torch.bfloat16)
+    assert per_token == 144 * 1024
+    assert CPU_PREFIX_STORE_BYTES // per_token < LARGE_MODEL.context_budget  # the CPU's bound: not one whole context
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (120 << 30, 141 << 30))
+    sessions = 8 * (LARGE_MODEL.context_budget + LARGE_MAX_TOKENS) * per_token
+    assert prefix_store_bytes(model, torch.bfloat16, 8, LARGE_MAX_TOKENS) == sessions  # ~22 GiB of 120 free
+
+
+def test_a_gpu_prefix_store_keeps_three_quarters_of_the_free_memory_for_the_batch(monkeypatch):
+    from toolself.models.memory import CPU_PREFIX_STORE_BYTES, prefix_store_bytes
+
+    model = eight_b_on_a_gpu()
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (16 << 30, 24 << 30))
+    assert prefix_store_bytes(model, torch.bfloat16, 8, 4096) == 4 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 30, 24 << 30))
+    assert prefix_store_bytes(model, torch.bfloat16, 8, 4096) == CPU_PREFIX_STORE_BYTES  # never below a CPU's
+
+
+def test_on_a_cpu_the_prefix_store_keeps_its_bound_whatever_the_model(tiny):
+    from toolself.models.local import EmbeddedModel
+    from toolself.models.memory import CPU_PREFIX_STORE_BYTES
+
+    model = EmbeddedModel.load(str(tiny), threads=0)
+    try:
+        assert model.engine.store.max_bytes == CPU_PREFIX_STORE_BYTES
+    finally:
+        model.close()

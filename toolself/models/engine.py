@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from toolself.models.memory import release_freed_memory
+from toolself.models.memory import CPU_PREFIX_STORE_BYTES, release_freed_memory
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values of shape [1, heads, tokens, dim]
 
@@ -132,7 +132,7 @@ class PrefixStore:
     The bound is in bytes because a token's keys and values take 23 KB in bfloat16 and twice
     that in float32 for the default model, and more for a larger one."""
 
-    def __init__(self, max_entries: int = 16, max_bytes: int = 512 << 20):
+    def __init__(self, max_entries: int = 16, max_bytes: int = CPU_PREFIX_STORE_BYTES):
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
@@ -473,7 +473,7 @@ class Engine:
     decode, the next observation of a ninth is already being read."""
 
     def __init__(self, model: Any, *, stop_token_ids: list[int], vocab_size: int, max_batch: int = 8,
-                 cache_entries: int = 16, cache_bytes: int = 512 << 20, threads: int = 0,
+                 cache_entries: int = 16, cache_bytes: int = CPU_PREFIX_STORE_BYTES, threads: int = 0,
                  kv_dtype: torch.dtype = torch.float32,
                  jump_forward: Callable[[Any, int], list[int]] | None = None, prefill_chunk: int = PREFILL_CHUNK):
         self.model = model

@@ -33,7 +33,7 @@ from typing import Any, AsyncIterator
 from toolself.models.base import Completion, Message, ModelError, Usage
 from toolself.models.digests import relocated_base
 from toolself.models.grammar import DEFAULT_MAX_STRING
-from toolself.models.memory import bound_kernel_caches, release_freed_memory
+from toolself.models.memory import bound_kernel_caches, prefix_store_bytes, release_freed_memory
 from toolself.models.protocol import (DEFAULT, TextProtocol, parse_tool_calls_text, text_protocol_named,
                                       to_text_messages)
 
@@ -352,7 +352,7 @@ class EmbeddedModel:
 
     def __init__(self, model, tokenizer, *, name: str = DEFAULT_NAME, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, max_batch: int = 8, max_tokens: int = DEFAULT_MAX_TOKENS,
-                 max_string: int | None = DEFAULT_MAX_STRING, cache_entries: int = 16, cache_bytes: int = 512 << 20,
+                 max_string: int | None = DEFAULT_MAX_STRING, cache_entries: int = 16, cache_bytes: int | None = None,
                  threads: int | None = None, cache_dtype: torch.dtype | None = None, jump_forward: bool = True,
                  text_protocol: TextProtocol | str = DEFAULT):
         """`max_tokens`: a reply's tokens when the call sets none (the engine lays out KV room
@@ -362,8 +362,7 @@ class EmbeddedModel:
         default.
         `cache_dtype`: the KV cache's dtype; None picks `kv_dtype(model)`. `cache_entries`,
         `cache_bytes`: the bounds of the KV caches kept between turns (`engine.PrefixStore`;
-        512 MiB hold seven 3k-token episodes of the default model in bfloat16, three in
-        float32). `jump_forward`:
+        None: `memory.prefix_store_bytes`). `jump_forward`:
         feed the text a grammar forces in the middle of a reply (the next key of a JSON
         object, the rest of an enum value) in one step with the token before it, rather than
         decoding it a token a step. `text_protocol`: how tool calls are written and read back
@@ -388,9 +387,12 @@ class EmbeddedModel:
         self._opening = tokenizer(opening, add_special_tokens=False)["input_ids"] if opening else []
         self.grammars = GrammarCache(tokenizer, vocab_size, max_string=max_string,
                                      stop_token_ids=stop_ids[:1])
+        cache_dtype = cache_dtype or kv_dtype(model)
+        if cache_bytes is None:
+            cache_bytes = prefix_store_bytes(model, cache_dtype, max_batch, max_tokens)
         self.engine = Engine(model, stop_token_ids=stop_ids, vocab_size=vocab_size, max_batch=max_batch,
                              cache_entries=cache_entries, cache_bytes=cache_bytes, threads=threads,
-                             kv_dtype=cache_dtype or kv_dtype(model),
+                             kv_dtype=cache_dtype,
                              jump_forward=self._forced_tokens if jump_forward else None)
 
     @classmethod

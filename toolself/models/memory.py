@@ -9,6 +9,8 @@ resident besides the tensors it uses (docs/notes/2026-12-04-embedded-memory.md).
   compiled kernels per product shape, 1024 by default; a prefill's shape is its token count,
   so nearly every prefill adds new ones (~0.75 MB per shape): an eval grew by gigabytes.
   `bound_kernel_caches` caps both.
+
+And how much of the KV caches the engine keeps between turns (`prefix_store_bytes`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import ctypes
 import ctypes.util
 import functools
 import os
+from typing import Any
 
 KERNEL_CACHE_CAPACITY = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
 
@@ -44,3 +47,43 @@ def bound_kernel_caches() -> None:
     again (a prefill's rarely recur)."""
     for name, value in KERNEL_CACHE_CAPACITY.items():
         os.environ.setdefault(name, value)
+
+
+CPU_PREFIX_STORE_BYTES = 512 << 20
+
+
+def kv_bytes_per_token(model: Any, kv_dtype: Any) -> int:
+    """The bytes one token's keys and values take in the engine's cache, every layer's."""
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * head_dim * kv_dtype.itemsize
+
+
+def gpu_store_bytes(per_token: int, sessions: int, session_tokens: int, free_bytes: int) -> int:
+    """Room for `sessions` whole sessions of `session_tokens`, within a quarter of `free_bytes`,
+    and never less than on a CPU."""
+    return max(CPU_PREFIX_STORE_BYTES, min(sessions * session_tokens * per_token, free_bytes // 4))
+
+
+def prefix_store_bytes(model: Any, kv_dtype: Any, sessions: int, reply_tokens: int) -> int:
+    """How many bytes of KV caches the engine keeps between turns (`engine.PrefixStore`).
+
+    A turn whose session's cache was dropped reads its whole context again. On a CPU, 512 MiB
+    hold seven 3k-token episodes of the default model in bfloat16 and three in float32, within
+    a laptop's memory. On a GPU the same bound held 3,641 tokens of a Qwen3-8B student (144 KiB
+    a token in bfloat16), against contexts of up to 16,000: every turn of a long episode read
+    its context again. So there the bound is what `sessions` episodes (the engine's batch)
+    hold at the model's context budget and reply, within a quarter of the memory the loaded
+    weights leave free (the batch's own caches and activations need the rest; chosen by this
+    arithmetic, not yet measured on a GPU)."""
+    if model.device.type != "cuda":
+        return CPU_PREFIX_STORE_BYTES
+    import torch
+
+    from toolself.models.scale import LARGE_MODEL, SMALL_MODEL, is_large
+
+    budget = (LARGE_MODEL if is_large(model.config.to_dict()) else SMALL_MODEL).context_budget + reply_tokens
+    session_tokens = min(int(getattr(model.config, "max_position_embeddings", budget)), budget)
+    free = torch.cuda.mem_get_info(model.device)[0]
+    return gpu_store_bytes(kv_bytes_per_token(model, kv_dtype), sessions, session_tokens, free)

@@ -12,6 +12,7 @@ is known before loading, and is the same on every machine.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 LARGE_PARAMETERS = 1_000_000_000
@@ -41,3 +42,26 @@ def is_large(config: dict[str, Any] | None) -> bool:
     """Whether a model with this config has a billion parameters or more (unknown: no)."""
     parameters = estimated_parameters(config) if config else None
     return parameters is not None and parameters >= LARGE_PARAMETERS
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    """The agent budgets a model works under unless the user sets them. A small model (the 135M
+    embedded one, a local model under a billion parameters) needs short contexts and bounded
+    text; the bound on a configuration's free text (600 characters) stops a small model that
+    never closes a string, yet leaves room for the strategies it is trained to write (the expert
+    teacher's run to ~510 characters; at 300 a trained student was cut off mid-strategy). A
+    served model, or a large local one (`is_large`), gets a large context and no caps."""
+
+    context_budget: int
+    config_max_text: int | None
+    max_tokens_per_call: int | None
+
+    def settings(self) -> dict[str, Any]:
+        """As `AgentSettings` overrides."""
+        return {"context_budget": self.context_budget, "config_max_text": self.config_max_text,
+                "max_tokens_per_call": self.max_tokens_per_call}
+
+
+SMALL_MODEL = ModelDefaults(context_budget=3000, config_max_text=600, max_tokens_per_call=384)
+LARGE_MODEL = ModelDefaults(context_budget=16_000, config_max_text=None, max_tokens_per_call=None)
