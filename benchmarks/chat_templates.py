@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tasks", default="builtin:research,builtin:data,builtin:code")
     parser.add_argument("--limit", type=int, default=24, help="tasks per suite")
     parser.add_argument("--max-length", type=int, default=32768)
+    parser.add_argument("--tokenizer", type=Path, help="also a student's own tokenizer and template (a model folder, "
+                        "e.g. Qwen3-8B's): whether its special tokens change the count")
     args = parser.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -39,9 +41,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     attempts, schemas = teacher_attempts([s for s in args.tasks.split(",") if s], args.limit)
     report: dict[str, Any] = {"tasks": args.tasks, "limit": args.limit, "templates": {}}
-    for name, template in (("default (SmolLM2)", None),
-                           ("qwen3", (files("trl") / "chat_templates" / "qwen3.jinja").read_text(encoding="utf-8"))):
-        tokenizer = AutoTokenizer.from_pretrained(str(default_model_dir()))
+    qwen3 = (files("trl") / "chat_templates" / "qwen3.jinja").read_text(encoding="utf-8")
+    rows = [("default (SmolLM2)", default_model_dir(), None), ("qwen3", default_model_dir(), qwen3)]
+    if args.tokenizer:
+        rows.append((f"{args.tokenizer.name} (its own tokenizer)", args.tokenizer, None))
+    for name, folder, template in rows:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
         if template is not None:
             tokenizer.chat_template = template
         dataset, stats = D.build_sft_dataset(attempts, D.Renderer(tokenizer, schemas), args.max_length)
@@ -50,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "sequence_tokens": sum(len(ids) for ids in dataset["input_ids"]),
             "loss_tokens": sum(sum(label != D.IGNORE for label in labels) for labels in dataset["labels"]),
             "unpacked": stats.unpacked, "reread_tokens": stats.reread_tokens}
-    default, qwen3 = report["templates"].values()
+    default, qwen3 = list(report["templates"].values())[:2]
     report["qwen3_over_default_sequence_tokens"] = round(qwen3["sequence_tokens"] / default["sequence_tokens"], 2)
     print(json.dumps(report, indent=2))
     return report

@@ -409,11 +409,16 @@ def test_the_chat_template_benchmark_prints_qwen3s_cost_against_the_default_temp
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
+    from toolself.models.local import default_model_dir
+
+    student = default_model_dir()  # a model folder with a tokenizer and a template of its own
     done = subprocess.run([sys.executable, str(root / "benchmarks" / "chat_templates.py"), "--tasks",
-                           "builtin:research?hops=2", "--limit", "2"], capture_output=True, text=True, timeout=120)
+                           "builtin:research?hops=2", "--limit", "2", "--tokenizer", str(student)],
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout[done.stdout.index("{\n"):])
     default, qwen3 = report["templates"]["default (SmolLM2)"], report["templates"]["qwen3"]
+    assert report["templates"][f"{student.name} (its own tokenizer)"] == default
     assert default["unpacked"] == 0 and qwen3["unpacked"] > 0 and qwen3["sequences"] == qwen3["decisions"]
     assert report["qwen3_over_default_sequence_tokens"] > 1
 
