@@ -217,6 +217,41 @@ def test_sampling_with_a_seed_is_reproducible(model):
     assert replies[0] == replies[1]
 
 
+def test_a_sampled_token_comes_at_its_probability_and_never_where_the_grammar_masked():
+    import torch
+
+    from toolself.models.engine import sample_token
+
+    logits = torch.tensor([2.0, float("-inf"), 1.0, 0.0, float("-inf"), 0.5])
+    probs = torch.softmax(logits, dim=-1)
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.bincount(torch.tensor([sample_token(logits, 1.0, 1.0, generator) for _ in range(20_000)]),
+                            minlength=6)
+    assert counts[1] == counts[4] == 0
+    assert torch.allclose(counts / counts.sum(), probs, atol=0.01)
+    nucleus = torch.bincount(torch.tensor([sample_token(logits, 1.0, 0.6, generator) for _ in range(2_000)]),
+                             minlength=6)
+    assert nucleus.nonzero().flatten().tolist() == [0, 2]  # 0.58 alone is under 0.6; with 0.21 it is not
+
+
+def test_tokens_beyond_the_raced_candidates_are_sampled_at_their_probability_too():
+    import torch
+
+    from toolself.models.engine import SAMPLE_CANDIDATES, sample_token
+
+    vocabulary = 4 * SAMPLE_CANDIDATES
+    logits = torch.linspace(3.0, 0.0, vocabulary)
+    logits[1::7] = float("-inf")  # masked, among the candidates and the rest alike
+    probs = torch.softmax(logits, dim=-1)
+    generator = torch.Generator().manual_seed(1)
+    drawn = torch.tensor([sample_token(logits, 1.0, 1.0, generator) for _ in range(20_000)])
+    candidates = probs.topk(SAMPLE_CANDIDATES).indices
+    assert 0.3 < probs.sum() - probs[candidates].sum() < 0.7  # the rest wins often
+    assert not torch.isin(drawn, torch.arange(1, vocabulary, 7)).any()
+    assert abs(torch.isin(drawn, candidates).float().mean() - probs[candidates].sum()) < 0.015
+    assert torch.allclose(torch.bincount(drawn, minlength=vocabulary) / len(drawn), probs, atol=0.004)
+
+
 @pytest.mark.slow
 def test_a_streamed_reply_is_the_completed_reply_in_pieces(model):
     async def stream():

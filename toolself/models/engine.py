@@ -111,6 +111,44 @@ class _Sequence:
         return self.generated[len(self.fed) - len(self.request.prompt_ids):]
 
 
+SAMPLE_CANDIDATES = 64  # tokens raced one by one; the rest of the vocabulary races as one
+
+
+def sample_token(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:
+    """A token drawn from softmax(logits / temperature), within the nucleus `top_p`.
+
+    An exponential race (the token with the largest p / E, E ~ Exp(1), wins with probability
+    p), as `torch.multinomial` runs it, but over the `SAMPLE_CANDIDATES` likeliest tokens and
+    the rest of the vocabulary as one entrant of their total probability: the smallest of
+    independent exponentials is exponential at the sum of their rates, so this is exact, and
+    only when the rest wins is the race run among them. multinomial drew an exponential for
+    every token, 3.4 ms a row over Qwen3's 151,936 (benchmarks/sampling.py). A race, and not
+    the inverse of the cumulative distribution at one uniform draw (faster still), because a
+    race's winner changes only where two ratios nearly tie: a reply sampled on a reused cache
+    or in a batch, whose logits differ in their last bits, stays the one sampled alone, where
+    the inverse moved often on a flat distribution. A token of probability zero (masked by a
+    grammar) never wins."""
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True)
+        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
+        keep[0] = True
+        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_probs[keep])
+    count = min(SAMPLE_CANDIDATES, probs.numel())
+    top, index = probs.topk(count)
+    top = top.double()
+    rest = (probs.sum(dtype=torch.float64) - top.sum()).clamp_(min=0.0)
+    draws = torch.empty(count + 1, dtype=torch.float64).exponential_(generator=generator)
+    ratios = torch.cat([top, rest.reshape(1)]) / draws
+    winner = int(ratios.argmax())
+    if winner == count:
+        others = probs.double().index_fill_(0, index, 0.0)
+        if bool(others.any()):
+            return int((others / torch.empty_like(others).exponential_(generator=generator)).argmax())
+        winner = int(ratios[:count].argmax())  # the rest's probability was rounding alone
+    return int(index[winner])
+
+
 def kv_bytes(kv: KV) -> int:
     """Bytes a cache keeps allocated: a view holds all of its buffer, counted once."""
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for pair in kv for t in pair}
@@ -734,9 +772,11 @@ class Engine:
                 seqs[i].request.matcher.fill_next_token_bitmask(bitmask, i)
             xgr.apply_token_bitmask_inplace(logits, bitmask[: len(seqs)], vocab_size=self.vocab_size,
                                             indices=constrained)
-        greedy = logits.argmax(dim=-1).tolist()
+        greedy = logits.argmax(dim=-1).tolist() if any(s.request.temperature <= 0 for s in seqs) else []
         for i, seq in enumerate(seqs):
-            token = greedy[i] if seq.request.temperature <= 0 else self._sample(logits[i], seq)
+            request = seq.request
+            token = greedy[i] if request.temperature <= 0 else \
+                sample_token(logits[i], request.temperature, request.top_p, seq.generator)
             seq.generated.append(token)
             matcher = seq.request.matcher
             if matcher is not None and not matcher.accept_token(token):
@@ -751,16 +791,6 @@ class Engine:
                 self.stats["forced_tokens"] += len(forced)
             if seq.request.on_tokens is not None:
                 seq.request.on_tokens(list(seq.generated))
-
-    def _sample(self, logits: torch.Tensor, seq: _Sequence) -> int:
-        probs = torch.softmax(logits / seq.request.temperature, dim=-1)
-        top_p = seq.request.top_p
-        if top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
-            keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
-            keep[0] = True
-            probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_probs[keep])
-        return int(torch.multinomial(probs, 1, generator=seq.generator).item())
 
     def _finish(self, seq: _Sequence, kv: KV) -> None:
         request = seq.request
