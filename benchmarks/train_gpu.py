@@ -186,12 +186,13 @@ def stage_report(result, flops_per_token: float, extra_flops: float, peak: float
 
 def decoding(model_dir: Path, max_tokens: int) -> dict[str, Any]:
     """Generated tokens per second of the embedded engine, one request alone and eight at once
-    (after a warm-up request, so that the first kernel launches count in neither), and whether
-    the first request's greedy reply is the same in the batch as alone."""
+    (after a warm-up request, so that the first kernel launches count in neither), greedy and
+    then sampled, and whether the first request's greedy reply is the same in the batch as
+    alone."""
     from concurrent.futures import ThreadPoolExecutor
 
     from toolself.models.base import Message
-    from toolself.models.local import EmbeddedModel
+    from toolself.models.local import EmbeddedModel, Sampling
 
     model = EmbeddedModel.load(str(model_dir), dtype="float32" if not _cuda() else "bfloat16",
                                max_tokens=max_tokens, max_batch=8)
@@ -200,22 +201,25 @@ def decoding(model_dir: Path, max_tokens: int) -> dict[str, Any]:
     store_gib = round(model.engine.store.max_bytes / 2**30, 2)
     try:
         model.complete([Message(role="user", content="Warm-up.")], session=None)
-        for concurrent in (1, 8):
+        for name, concurrent, sampled in (("concurrent_1", 1, False), ("concurrent_8", 8, False),
+                                          ("concurrent_8_sampled", 8, True)):  # sampled as CAT's collections
             messages = [[Message(role="user", content=f"Question {i}: what happened in {1900 + i}?")]
                         for i in range(concurrent)]
+            sampling = [Sampling(0.7, 1.0, seed=i) if sampled else None for i in range(concurrent)]
             start = time.perf_counter()
             with ThreadPoolExecutor(concurrent) as pool:
-                replies = list(pool.map(lambda m: model.complete(m, session=None), messages))
+                replies = list(pool.map(lambda i: model.submit(messages[i], sampling=sampling[i]).result(),
+                                        range(concurrent)))
             seconds = time.perf_counter() - start
-            generated = sum(r.usage.completion_tokens for r in replies)
-            ids[concurrent] = replies[0].completion_token_ids
-            out[f"concurrent_{concurrent}"] = {"generated_tokens": generated, "seconds": round(seconds, 3),
-                                               "tokens_per_second": round(generated / seconds, 1)}
+            generated = sum(len(r.completion_ids) for r in replies)
+            ids[name] = replies[0].completion_ids
+            out[name] = {"generated_tokens": generated, "seconds": round(seconds, 3),
+                         "tokens_per_second": round(generated / seconds, 1)}
     finally:
         model.close()
     one, eight = out["concurrent_1"]["tokens_per_second"], out["concurrent_8"]["tokens_per_second"]
     out["speedup_8_over_1"] = round(eight / one, 2) if one else None
-    out["batched_reply_matches_alone"] = ids[1] == ids[8]
+    out["batched_reply_matches_alone"] = ids["concurrent_1"] == ids["concurrent_8"]
     out["prefix_store_gib"] = store_gib  # what the engine keeps between turns on this device
     return out
 
