@@ -521,3 +521,19 @@ def test_a_run_closes_the_models_it_built_from_specs_and_leaves_the_callers_own(
     with pytest.raises(RuntimeError, match="closed"):
         built.engine.submit(Request(prompt_ids=[1, 2], max_tokens=1))
     assert model.complete([Message("user", "Say hi.")], max_tokens=2).usage.completion_tokens > 0
+
+
+@pytest.mark.slow
+def test_the_sampling_benchmark_times_both_samplers_per_row_and_in_concurrent_replies():
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "sampling.py"
+    done = subprocess.run([sys.executable, str(script), "--rows", "4", "--rounds", "1", "--max-tokens", "4"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout[done.stdout.index("{\n"):])
+    assert [row["vocabulary"] for row in report["per_row"]] == [49_152, 151_936]
+    assert all(row["multinomial_ms"] > 0 and row["sample_token_ms"] > 0 for row in report["per_row"])
+    assert set(report["episodes"]["tokens_per_second"]) == {"multinomial", "sample_token"}
