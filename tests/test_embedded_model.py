@@ -234,6 +234,15 @@ def test_a_sampled_token_comes_at_its_probability_and_never_where_the_grammar_ma
     assert nucleus.nonzero().flatten().tolist() == [0, 2]  # 0.58 alone is under 0.6; with 0.21 it is not
 
 
+def test_the_greedy_pick_by_max_is_argmaxs_first_of_tied_maxima():
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randint(-3, 3, (2000, 8, 300), generator=generator).float()  # ties in every row
+    logits[logits < -2] = float("-inf")  # and masked tokens, as a grammar leaves them
+    assert torch.equal(logits.max(dim=-1).indices, logits.argmax(dim=-1))
+
+
 def test_tokens_beyond_the_raced_candidates_are_sampled_at_their_probability_too():
     import torch
 

