@@ -136,14 +136,16 @@ def test_a_large_students_prefix_store_on_a_gpu_holds_its_batch_of_whole_session
     assert prefix_store_bytes(model, torch.bfloat16, 8, LARGE_MAX_TOKENS) == sessions  # ~22 GiB of 120 free
 
 
-def test_a_gpu_prefix_store_keeps_three_quarters_of_the_free_memory_for_the_batch(monkeypatch):
-    from toolself.models.memory import CPU_PREFIX_STORE_BYTES, prefix_store_bytes
+def test_a_gpu_prefix_store_leaves_room_for_a_full_batch_and_its_work(monkeypatch):
+    from toolself.models.local import LARGE_MAX_TOKENS
+    from toolself.models.memory import CPU_PREFIX_STORE_BYTES, kv_bytes_per_token, prefix_store_bytes
 
     model = eight_b_on_a_gpu()
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (16 << 30, 24 << 30))
-    assert prefix_store_bytes(model, torch.bfloat16, 8, 4096) == 4 << 30
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 30, 24 << 30))
-    assert prefix_store_bytes(model, torch.bfloat16, 8, 4096) == CPU_PREFIX_STORE_BYTES  # never below a CPU's
+    batch = 8 * (LARGE_MODEL.context_budget + LARGE_MAX_TOKENS) * kv_bytes_per_token(model, torch.bfloat16)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (32 << 30, 48 << 30))  # 48 GB, 8B loaded
+    assert prefix_store_bytes(model, torch.bfloat16, 8, LARGE_MAX_TOKENS) == ((32 << 30) - batch) // 2
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 << 30, 24 << 30))  # no room for a batch
+    assert prefix_store_bytes(model, torch.bfloat16, 8, LARGE_MAX_TOKENS) == CPU_PREFIX_STORE_BYTES
 
 
 def test_on_a_cpu_the_prefix_store_keeps_its_bound_whatever_the_model(tiny):

@@ -61,9 +61,11 @@ def kv_bytes_per_token(model: Any, kv_dtype: Any) -> int:
 
 
 def gpu_store_bytes(per_token: int, sessions: int, session_tokens: int, free_bytes: int) -> int:
-    """Room for `sessions` whole sessions of `session_tokens`, within a quarter of `free_bytes`,
-    and never less than on a CPU."""
-    return max(CPU_PREFIX_STORE_BYTES, min(sessions * session_tokens * per_token, free_bytes // 4))
+    """Room for `sessions` whole sessions of `session_tokens`, within half of what `free_bytes`
+    leave once the batch holds as much (the sessions decoding, while the store keeps those
+    waiting), and never less than on a CPU."""
+    sessions_bytes = sessions * session_tokens * per_token
+    return max(CPU_PREFIX_STORE_BYTES, min(sessions_bytes, (free_bytes - sessions_bytes) // 2))
 
 
 def prefix_store_bytes(model: Any, kv_dtype: Any, sessions: int, reply_tokens: int) -> int:
@@ -74,9 +76,10 @@ def prefix_store_bytes(model: Any, kv_dtype: Any, sessions: int, reply_tokens: i
     a laptop's memory. On a GPU the same bound held 3,641 tokens of a Qwen3-8B student (144 KiB
     a token in bfloat16), against contexts of up to 16,000: every turn of a long episode read
     its context again. So there the bound is what `sessions` episodes (the engine's batch)
-    hold at the model's context budget and reply, within a quarter of the memory the loaded
-    weights leave free (the batch's own caches and activations need the rest; chosen by this
-    arithmetic, not yet measured on a GPU)."""
+    hold at the model's context budget and reply, within half of the memory the loaded weights
+    and a full batch of such episodes leave free (an eval at a higher concurrency keeps the
+    waiting episodes' caches while a batch decodes; chosen by this arithmetic, not yet measured
+    on a GPU)."""
     if model.device.type != "cuda":
         return CPU_PREFIX_STORE_BYTES
     import torch
