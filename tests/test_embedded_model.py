@@ -234,6 +234,24 @@ def test_a_sampled_token_comes_at_its_probability_and_never_where_the_grammar_ma
     assert nucleus.nonzero().flatten().tolist() == [0, 2]  # 0.58 alone is under 0.6; with 0.21 it is not
 
 
+def test_a_grammar_mask_applied_in_torch_as_on_a_gpu_equals_xgrammars_cpu_kernel():
+    import torch
+    import xgrammar as xgr
+
+    from toolself.models.engine import apply_bitmask
+
+    generator = torch.Generator().manual_seed(0)
+    vocabulary = 1000
+    bitmask = torch.randint(-2**31, 2**31 - 1, (4, (vocabulary + 31) // 32), generator=generator, dtype=torch.int32)
+    logits = torch.randn(4, vocabulary, generator=generator)
+    on_cpu, in_torch = logits.clone(), logits.clone()
+    apply_bitmask(on_cpu, bitmask, [0, 2, 3], vocabulary)
+    xgr.apply_token_bitmask_inplace(in_torch, bitmask, vocab_size=vocabulary, indices=[0, 2, 3],
+                                    backend="torch_native")  # the engine's call where the logits are on a GPU
+    assert torch.equal(on_cpu, in_torch) and torch.equal(on_cpu[1], logits[1])
+    assert on_cpu.isinf().any()
+
+
 def test_the_greedy_pick_by_max_is_argmaxs_first_of_tied_maxima():
     import torch
 

@@ -136,17 +136,32 @@ def sample_token(logits: torch.Tensor, temperature: float, top_p: float, generat
         probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_probs[keep])
     count = min(SAMPLE_CANDIDATES, probs.numel())
     top, index = probs.topk(count)
-    top = top.double()
-    rest = (probs.sum(dtype=torch.float64) - top.sum()).clamp_(min=0.0)
+    total = probs.sum(dtype=torch.float64)
+    top, index, total = top.double().cpu(), index.cpu(), total.cpu()  # the race runs by the generator
+    rest = (total - top.sum()).clamp_(min=0.0)
     draws = torch.empty(count + 1, dtype=torch.float64).exponential_(generator=generator)
     ratios = torch.cat([top, rest.reshape(1)]) / draws
     winner = int(ratios.argmax())
     if winner == count:
-        others = probs.double().index_fill_(0, index, 0.0)
+        others = probs.double().cpu().index_fill_(0, index, 0.0)
         if bool(others.any()):
             return int((others / torch.empty_like(others).exponential_(generator=generator)).max(-1).indices)
         winner = int(ratios[:count].argmax())  # the rest's probability was rounding alone
     return int(index[winner])
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int], vocab_size: int) -> None:
+    """Mask `rows` of `logits` in place to what their grammars allow. The matchers fill
+    `bitmask` on the CPU; on a GPU it is copied over (~150 KB for eight rows of Qwen3's
+    vocabulary) and applied there by xgrammar's torch implementation, rather than its Triton
+    kernel, which compiles at run time, or than copying every row's logits to the CPU."""
+    import xgrammar as xgr
+
+    if logits.device.type == "cpu":
+        xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab_size, indices=rows)
+    else:
+        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=vocab_size, indices=rows,
+                                        backend="torch_native")
 
 
 def kv_bytes(kv: KV) -> int:
@@ -763,15 +778,12 @@ class Engine:
 
     def _advance(self, seqs: list[_Sequence], logits: torch.Tensor, bitmask: torch.Tensor | None) -> None:
         """Pick each sequence's next token under its grammar, and mark the finished ones."""
-        import xgrammar as xgr
-
-        logits = logits.float().cpu()  # the grammar masks and the sampler's generators are on the CPU
+        logits = logits.float()  # masked, picked from and drawn from where the model put them
         constrained = [i for i, s in enumerate(seqs) if s.request.matcher is not None]
         if constrained:
             for i in constrained:
                 seqs[i].request.matcher.fill_next_token_bitmask(bitmask, i)
-            xgr.apply_token_bitmask_inplace(logits, bitmask[: len(seqs)], vocab_size=self.vocab_size,
-                                            indices=constrained)
+            apply_bitmask(logits, bitmask[: len(seqs)], constrained, self.vocab_size)
         # max's indices are argmax's (the first of tied maxima), in a third of the time over a row
         greedy = logits.max(dim=-1).indices.tolist() if any(s.request.temperature <= 0 for s in seqs) else []
         for i, seq in enumerate(seqs):
