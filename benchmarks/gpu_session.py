@@ -140,8 +140,10 @@ def table(results: dict[str, dict[str, Any]]) -> list[str]:
             met = "met" if speedup >= DECODE_SPEEDUP_BAR else "MISSED"
             bar = f"{met} (>= {DECODE_SPEEDUP_BAR}x on a GPU)" if report["device"]["device"] == "cuda" else ""
             same = "same reply batched" if decoding.get("batched_reply_matches_alone") else "reply differs batched"
+            sampled = decoding.get("concurrent_8_sampled", {}).get("tokens_per_second", 0)
             lines.append(f"{name:<16} {'decode':<8} {decoding['concurrent_1']['tokens_per_second']:>10,.0f} "
-                         f"x{speedup} at 8, {same}  {bar}")
+                         f"x{speedup} at 8 ({sampled:,.0f} sampled), {same}, store "
+                         f"{decoding.get('prefix_store_gib')} GiB  {bar}")
         if result["exit"] != 0:
             lines.append(f"{name:<16} exit {result['exit']} after {result['seconds']} s (see session.log)")
     return lines
