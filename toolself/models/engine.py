@@ -118,15 +118,14 @@ def sample_token(logits: torch.Tensor, temperature: float, top_p: float, generat
     """A token drawn from softmax(logits / temperature), within the nucleus `top_p`.
 
     An exponential race (the token with the largest p / E, E ~ Exp(1), wins with probability
-    p), as `torch.multinomial` runs it, but over the `SAMPLE_CANDIDATES` likeliest tokens and
-    the rest of the vocabulary as one entrant of their total probability: the smallest of
-    independent exponentials is exponential at the sum of their rates, so this is exact, and
-    only when the rest wins is the race run among them. multinomial drew an exponential for
-    every token, 3.4 ms a row over Qwen3's 151,936 (benchmarks/sampling.py). A race, and not
-    the inverse of the cumulative distribution at one uniform draw (faster still), because a
-    race's winner changes only where two ratios nearly tie: a reply sampled on a reused cache
-    or in a batch, whose logits differ in their last bits, stays the one sampled alone, where
-    the inverse moved often on a flat distribution. A token of probability zero (masked by a
+    p), as `torch.multinomial` runs it, but among the `SAMPLE_CANDIDATES` likeliest tokens and
+    the rest of the vocabulary as one entrant of their total probability (the smallest of
+    independent exponentials is exponential at the sum of their rates): exact, without an
+    exponential drawn for every token of a 152k vocabulary (benchmarks/sampling.py), and the
+    race among the rest runs only when it wins. A race rather than the inverse of the
+    cumulative distribution at one uniform draw, because a race's winner changes only where two
+    ratios nearly tie: a reply sampled on a reused cache or in a batch, whose logits differ in
+    their last bits, stays the one sampled alone. A token of probability zero (masked by a
     grammar) never wins."""
     probs = torch.softmax(logits / temperature, dim=-1)
     if top_p < 1.0:

@@ -73,9 +73,9 @@ def prefix_store_bytes(model: Any, kv_dtype: Any, sessions: int, reply_tokens: i
 
     A turn whose session's cache was dropped reads its whole context again. On a CPU, 512 MiB
     hold seven 3k-token episodes of the default model in bfloat16 and three in float32, within
-    a laptop's memory. On a GPU the same bound held 3,641 tokens of a Qwen3-8B student (144 KiB
-    a token in bfloat16), against contexts of up to 16,000: every turn of a long episode read
-    its context again. So there the bound is what `sessions` episodes (the engine's batch)
+    a laptop's memory. That bound holds 3,641 tokens of a Qwen3-8B student (144 KiB a token in
+    bfloat16), whose contexts run to 16,000: every turn of a long episode would read its
+    context again. So on a GPU the bound is what `sessions` episodes (the engine's batch)
     hold at the model's context budget and reply, within half of the memory the loaded weights
     and a full batch of such episodes leave free (an eval at a higher concurrency keeps the
     waiting episodes' caches while a batch decodes; chosen by this arithmetic, not yet measured
