@@ -206,6 +206,22 @@ def test_concurrent_requests_decode_together_and_match_sequential_ones(request, 
 
 
 @pytest.mark.slow
+def test_sampled_replies_decoded_together_are_the_ones_sampled_alone(model):
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [episode(f"Tell me something about the year {1900 + i}.") for i in range(4)]
+
+    def sample(i: int) -> list[int]:  # free text at temperature 1: a flat distribution over 49k tokens
+        future = model.submit(prompts[i], max_tokens=32, sampling=local.Sampling(temperature=1.0, seed=i))
+        return future.result(timeout=120).completion_ids
+
+    alone = [sample(i) for i in range(len(prompts))]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(sample, range(len(prompts))))
+    assert together == alone
+
+
+@pytest.mark.slow
 def test_sampling_with_a_seed_is_reproducible(model):
     replies = []
     for _ in range(2):
