@@ -643,3 +643,20 @@ def test_an_attempt_records_the_sampling_fields_its_model_refused():
                                                                                  max_steps_per_stage=1)).run("Say ok.")
     assert trajectory.metadata["model_refused_fields"] == ["temperature"]
     assert "model_refused_fields" not in untouched.metadata
+
+
+def test_an_eval_says_which_sampling_fields_its_models_server_refused_and_records_them(tmp_path):
+    from typer.testing import CliRunner
+
+    from toolself.cli import app as cli
+
+    server = fault_app(refusing("temperature", "Unsupported value: 'temperature' does not support 0.7 with this "
+                                               "model. Only the default (1) value is supported.", "unsupported_value"))
+    with running_server(server) as base:
+        result = CliRunner().invoke(cli, ["eval", "--model", f"openai:test-model@{base}/v1", "--tasks", "builtin:data",
+                                          "--limit", "1", "--temperature", "0.7", "--max-stages", "1",
+                                          "--max-steps", "1", "--no-report", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert "warning: the model's server refused temperature" in " ".join(result.output.split())
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["refused_fields"] == {"model": ["temperature"]}

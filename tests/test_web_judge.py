@@ -86,3 +86,18 @@ def test_a_judge_that_refuses_temperature_0_judges_at_its_default_and_the_verdic
         verdict = LLMJudge(model, cache_dir=tmp_path / "verdicts").judge("Where?", "Paris", "Paris")
     assert verdict.correct and verdict.details["judge_refused_fields"] == ["temperature"]
     assert [("temperature" in r["body"]) for r in service.requests] == [True, False]
+
+
+def test_an_attempts_record_names_the_fields_its_judge_refused():
+    from toolself.agent import AgentSettings
+    from toolself.evals.attempt import Job, record
+    from toolself.evals.judge import Score
+    from toolself.evals.records import AttemptKey
+    from toolself.evals.task import Task
+    from toolself.trajectory import Trajectory
+
+    job = Job(AttemptKey("frames:f.tsv", "q1", "toolself"), Task(id="q1", question="Where?"), AgentSettings())
+    answered = Trajectory(task="Where?", answer="Paris", end_reason="terminate")
+    verdict = Score(True, "llm_judge", "the judge said CORRECT", {"judge_refused_fields": ["temperature"]})
+    assert record(job, answered, verdict, None, 1.0).extra == {"judge_refused_fields": ["temperature"]}
+    assert record(job, answered, Score(True, "llm_judge", "the judge said CORRECT"), None, 1.0).extra == {}

@@ -176,6 +176,8 @@ def record(job: Job, trajectory: Trajectory | None, verdict: Any, failure: str |
         made.scorer = verdict.scorer
         made.reason = verdict.reason
         made.metrics = dict(getattr(verdict, "metrics", None) or {})
+        if (getattr(verdict, "details", None) or {}).get("judge_refused_fields"):
+            made.extra["judge_refused_fields"] = list(verdict.details["judge_refused_fields"])
         if (getattr(verdict, "details", None) or {}).get("judge_failed") and made.status == "ok":
             # No verdict, not a wrong answer: a judge that could not be reached says nothing of
             # it, so the attempt is no label to train on and runs again on a rerun.
@@ -193,6 +195,8 @@ def fill_from_trajectory(made: AttemptRecord, trajectory: Trajectory) -> None:
     made.stages = len(trajectory.stages)
     made.reconfigurations = trajectory.num_reconfigurations
     made.trajectory_id = trajectory.id
+    if trajectory.metadata.get("model_refused_fields"):
+        made.extra["model_refused_fields"] = list(trajectory.metadata["model_refused_fields"])
 
 
 def _status(trajectory: Trajectory | None, failure: str | None) -> str:

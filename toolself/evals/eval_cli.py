@@ -158,6 +158,9 @@ def eval_command(
         status += f"; {summary.retried} again after an earlier error"
     console.print(f"ran {summary.ran} attempts ({status}), skipped {summary.skipped} finished earlier, "
                   f"{summary.wall_time:.1f} s", highlight=False)
+    for who, fields in summary.refused_fields().items():
+        console.print(f"warning: the {who}'s server refused {', '.join(fields)}: those requests went without them, "
+                      "at the server's defaults", highlight=False, markup=False)
     console.print(markdown_accuracy(summary.table), highlight=False, markup=False)
     console.print(f"summary: {out / 'summary.json'}", highlight=False)
     if report and summary.records:

@@ -104,10 +104,21 @@ class RunSummary:
                                   f"(the last: {self.records[-1].error_line}). Mend the cause (is the model server "
                                   "up?) and rerun: failed attempts run again.")
 
+    def refused_fields(self) -> dict[str, list[str]]:
+        """The sampling fields a server refused (`openai_compat`), by whose server: "model" or
+        "judge". Sent without them, those attempts or verdicts sampled at the server's defaults,
+        not at the run's settings."""
+        refused = {who: sorted({f for r in self.records for f in r.extra.get(f"{who}_refused_fields", ())})
+                   for who in ("model", "judge")}
+        return {who: fields for who, fields in refused.items() if fields}
+
     def to_dict(self) -> dict[str, Any]:
-        return {"out": str(self.out), "attempts": self.attempts, "skipped": self.skipped, "ran": self.ran,
-                "retried": self.retried, "status": self.status, "wall_time": round(self.wall_time, 3),
-                "accuracy": self.accuracy()}
+        out = {"out": str(self.out), "attempts": self.attempts, "skipped": self.skipped, "ran": self.ran,
+               "retried": self.retried, "status": self.status, "wall_time": round(self.wall_time, 3),
+               "accuracy": self.accuracy()}
+        if self.refused_fields():
+            out["refused_fields"] = self.refused_fields()
+        return out
 
 
 @dataclass
