@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from toolself.models.memory import CPU_PREFIX_STORE_BYTES, release_freed_memory
+from toolself.models.memory import CPU_PREFIX_STORE_BYTES, kv_head_shape, release_freed_memory
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values of shape [1, heads, tokens, dim]
 
@@ -544,9 +544,7 @@ class Engine:
         self.max_batch = max_batch
         self.store = PrefixStore(cache_entries, cache_bytes)
         self.num_layers = model.config.num_hidden_layers
-        config = model.config
-        self.kv_shape = (config.num_key_value_heads,
-                         getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        self.kv_shape = kv_head_shape(model.config)
         self._pending: list[Request] = []
         self._ready: list[_Sequence] = []
         self._prefilling = 0

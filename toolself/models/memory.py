@@ -52,12 +52,17 @@ def bound_kernel_caches() -> None:
 CPU_PREFIX_STORE_BYTES = 512 << 20
 
 
+def kv_head_shape(config: Any) -> tuple[int, int]:
+    """(key/value heads, head dimension) of a layer's cache: the engine lays its buffers out by
+    it, and the prefix store's bound is counted by it."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return heads, getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def kv_bytes_per_token(model: Any, kv_dtype: Any) -> int:
     """The bytes one token's keys and values take in the engine's cache, every layer's."""
-    config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    return 2 * config.num_hidden_layers * heads * head_dim * kv_dtype.itemsize
+    heads, head_dim = kv_head_shape(model.config)
+    return 2 * model.config.num_hidden_layers * heads * head_dim * kv_dtype.itemsize
 
 
 def gpu_store_bytes(per_token: int, sessions: int, session_tokens: int, free_bytes: int) -> int:
