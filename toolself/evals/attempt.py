@@ -176,9 +176,10 @@ def record(job: Job, trajectory: Trajectory | None, verdict: Any, failure: str |
         made.scorer = verdict.scorer
         made.reason = verdict.reason
         made.metrics = dict(getattr(verdict, "metrics", None) or {})
-        if (getattr(verdict, "details", None) or {}).get("judge_refused_fields"):
-            made.extra["judge_refused_fields"] = list(verdict.details["judge_refused_fields"])
-        if (getattr(verdict, "details", None) or {}).get("judge_failed") and made.status == "ok":
+        details = getattr(verdict, "details", None) or {}
+        if details.get("judge_refused_fields"):
+            made.extra["judge_refused_fields"] = list(details["judge_refused_fields"])
+        if details.get("judge_failed") and made.status == "ok":
             # No verdict, not a wrong answer: a judge that could not be reached says nothing of
             # it, so the attempt is no label to train on and runs again on a rerun.
             made.status = "error"

@@ -116,8 +116,9 @@ class RunSummary:
         out = {"out": str(self.out), "attempts": self.attempts, "skipped": self.skipped, "ran": self.ran,
                "retried": self.retried, "status": self.status, "wall_time": round(self.wall_time, 3),
                "accuracy": self.accuracy()}
-        if self.refused_fields():
-            out["refused_fields"] = self.refused_fields()
+        refused = self.refused_fields()
+        if refused:
+            out["refused_fields"] = refused
         return out
 
 
