@@ -58,7 +58,8 @@ def rest_wins(rows: torch.Tensor) -> float:
     outside = 0
     for row in rows:
         token = engine.sample_token(row, TEMPERATURE, 1.0, generator)
-        outside += token not in set(torch.softmax(row / TEMPERATURE, -1).topk(engine.SAMPLE_CANDIDATES).indices.tolist())
+        candidates = torch.softmax(row / TEMPERATURE, -1).topk(engine.SAMPLE_CANDIDATES).indices
+        outside += token not in set(candidates.tolist())
     return round(outside / len(rows), 3)
 
 
