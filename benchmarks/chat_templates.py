@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from transformers import AutoTokenizer
 
-    from toolself.models.local import default_model_dir
+    from toolself.models.weights import default_model_dir
     from toolself.train import data as D
     from train_gpu import teacher_attempts
 

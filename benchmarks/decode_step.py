@@ -82,11 +82,11 @@ def bench_dtype(dtype: str, rows_list: list[int], context: int, steps: int) -> d
 
     from transformers import AttentionInterface
 
-    from toolself.models import local
+    from toolself.models import local, weights
     from toolself.models.engine import ATTENTION, _attention, new_cache, use_engine_attention
     from toolself.models.half_linear import HalfLinear
 
-    model, _, _ = local.load_weights(dtype=dtype)
+    model, _, _ = weights.load_weights(dtype=dtype)
     use_engine_attention(model)
 
     def timed_attention(*args, **kwargs):
@@ -250,9 +250,9 @@ def shipped_tensor_types() -> dict[str, int]:
 
     from gguf import GGUFReader
 
-    from toolself.models import local
+    from toolself.models import weights
 
-    reader = GGUFReader(str(local.default_gguf_path()))
+    reader = GGUFReader(str(weights.default_gguf_path()))
     return dict(Counter(t.tensor_type.name for t in reader.tensors))
 
 

@@ -218,7 +218,7 @@ def _status_mb() -> dict[str, int]:
 def memory_child(episodes: int, dtype: str, context: int, max_tokens: int) -> dict:
     """In this (fresh) process: load the model as `toolself run` does, then run `episodes`
     concurrent episodes until each prompt reaches `context` tokens."""
-    from toolself.models import local
+    from toolself.models import local, weights
 
     model = local.EmbeddedModel.load(dtype=dtype)
     loaded = _status_mb()
@@ -237,7 +237,8 @@ def memory_child(episodes: int, dtype: str, context: int, max_tokens: int) -> di
     stats = dict(model.engine.stats)
     model.close()
     end = _status_mb()
-    return {"episodes": episodes, "dtype": local.resolve_dtype(dtype), "context_tokens": context, "wall_s": round(wall, 1),
+    return {"episodes": episodes, "dtype": weights.resolve_dtype(dtype), "context_tokens": context,
+            "wall_s": round(wall, 1),
             "prefill_tokens": stats["prefill_tokens"], "decode_steps": stats["steps"],
             "peak_rss_mb": end["peak_rss_mb"], "rss_after_load_mb": loaded["rss_mb"], "peak_rss_during_load_mb": loaded["peak_rss_mb"],
             "rss_at_end_mb": end["rss_mb"]}
@@ -304,7 +305,7 @@ def main() -> None:
 
     import torch
 
-    from toolself.models import local
+    from toolself.models import local, weights
 
     global THREADS
     THREADS = args.threads or local.default_threads()
@@ -316,7 +317,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="toolself-bench-cache-") as tmp:
             os.environ["TOOLSELF_CACHE"] = tmp
             start = time.perf_counter()
-            local.default_model_dir()
+            weights.default_model_dir()
             out["first_conversion_s"] = round(time.perf_counter() - start, 2)
         if previous is None:
             os.environ.pop("TOOLSELF_CACHE")
@@ -325,7 +326,7 @@ def main() -> None:
     parts = set(args.parts.split(","))
     if parts & {"reuse", "throughput"}:
         start = time.perf_counter()
-        model, tokenizer, _ = local.load_weights(dtype=args.dtype)
+        model, tokenizer, _ = weights.load_weights(dtype=args.dtype)
         out["load_s"] = round(time.perf_counter() - start, 2)
         out["dtype"] = args.dtype  # mixed keeps float32 parameters beside its half-precision products
         out["parameter_dtype"] = str(model.dtype).removeprefix("torch.")

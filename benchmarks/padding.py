@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
     from transformers.trainer_pt_utils import LengthGroupedSampler
 
-    from toolself.models.local import default_model_dir
+    from toolself.models.weights import default_model_dir
     from train_gpu import TOKENIZER, carried_attempts, datasets, teacher_attempts
 
     if args.trajectories:

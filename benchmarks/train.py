@@ -73,7 +73,7 @@ def stage_of(setup: str) -> str:
 def phase(name: str, steps: int, max_length: int, batch_size: int, setup: str | None = None) -> dict:
     from transformers import AutoTokenizer
 
-    from toolself.models.local import default_model_dir
+    from toolself.models.weights import default_model_dir
     from toolself.train import data as D
 
     student = default_model_dir()

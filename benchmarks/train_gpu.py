@@ -140,7 +140,7 @@ def save_trajectories(path: Path, tasks: list[str], limit: int) -> dict[str, Any
     default tokenizer into `tokenizer/` beside it: everything the training part needs."""
     from transformers import AutoTokenizer
 
-    from toolself.models.local import default_model_dir
+    from toolself.models.weights import default_model_dir
     from toolself.train.collect import TOOLS_FILE
     from toolself.trajectory import write_jsonl
 

@@ -103,9 +103,9 @@ def commit() -> str:
 
 def ship(out: Path) -> dict:
     """Copy the adapter into the package; its config names the base model by name rather than
-    by this machine's converted copy (`local.adapter_base` maps the name back to it). The
+    by this machine's converted copy (`weights.adapter_base` maps the name back to it). The
     tokenizer is the base model's, so it is not copied; the evaluation loads what shipped."""
-    from toolself.models.local import DEFAULT_NAME
+    from toolself.models.weights import DEFAULT_NAME
 
     SHIPPED.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(out / "rft" / "adapter_model.safetensors", SHIPPED / "adapter_model.safetensors")

@@ -26,7 +26,7 @@ def ctx(sandbox_timeout):
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
     """A random-initialised model directory of the `tiny` shape, with the default tokenizer."""
-    from toolself.models.local import MissingWeightsError
+    from toolself.models.weights import MissingWeightsError
     from toolself.train.shapes import random_model_dir
 
     try:

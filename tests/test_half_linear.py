@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from toolself.models import half_linear, local
+from toolself.models import half_linear, weights
 from toolself.models.half_linear import DECODE_ROWS, HalfLinear, use_half_linears
 
 
@@ -120,7 +120,7 @@ def test_each_float32_layer_is_freed_as_soon_as_it_is_replaced():
 def test_the_mixed_dtype_without_the_float16_kernel_names_the_alternatives(monkeypatch):
     monkeypatch.setattr(half_linear, "_quantized_engines", lambda: ["qnnpack"])
     with pytest.raises(ValueError, match="use float32 or bfloat16"):
-        local.load_weights(dtype="mixed")
+        weights.load_weights(dtype="mixed")
 
 
 def test_without_bfloat16_kernels_prefill_rows_take_the_float16_product_too():
@@ -134,8 +134,8 @@ def test_without_bfloat16_kernels_prefill_rows_take_the_float16_product_too():
 
 @pytest.mark.skipif("fbgemm" not in torch.backends.quantized.supported_engines, reason="x86 only")
 def test_auto_means_mixed_where_the_float16_kernel_exists_and_an_unknown_dtype_is_refused(monkeypatch):
-    assert local.resolve_dtype("auto") == "mixed"
+    assert weights.resolve_dtype("auto") == "mixed"
     monkeypatch.setattr(half_linear, "_quantized_engines", lambda: ["qnnpack"])
-    assert local.resolve_dtype("auto") in ("bfloat16", "float32")
+    assert weights.resolve_dtype("auto") in ("bfloat16", "float32")
     with pytest.raises(ValueError, match="auto, float32, bfloat16 or mixed"):
-        local.resolve_dtype("float8")
+        weights.resolve_dtype("float8")

@@ -53,7 +53,7 @@ def test_every_weight_of_the_adapter_lands_on_a_layer_of_the_base_model():
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from toolself.models.local import adapter_base
+    from toolself.models.weights import adapter_base
 
     base = AutoModelForCausalLM.from_pretrained(str(adapter_base(ADAPTER)), dtype="float32")
     model = PeftModel.from_pretrained(base, str(ADAPTER))

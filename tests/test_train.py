@@ -23,7 +23,7 @@ MAX_LENGTH = 64
 
 @pytest.fixture(scope="module")
 def student():
-    from toolself.models.local import MissingWeightsError, default_model_dir
+    from toolself.models.weights import MissingWeightsError, default_model_dir
 
     try:
         return default_model_dir()
@@ -91,7 +91,7 @@ def rft_test_config(output_dir, **overrides):
 
 @pytest.mark.slow
 def test_rft_lowers_the_loss_and_the_adapter_makes_the_teachers_replies_likelier(rft_run):
-    from toolself.models.local import load_weights
+    from toolself.models.weights import load_weights
     from toolself.train.merge import merge_adapter
     from toolself.train.plots import plot_log
 
@@ -117,7 +117,7 @@ def test_rft_lowers_the_loss_and_the_adapter_makes_the_teachers_replies_likelier
 @pytest.mark.slow
 def test_kto_on_top_of_rft_lowers_the_loss_and_separates_good_from_bad_decisions(tmp_path, rft_run, trajectories,
                                                                                  renderer):
-    from toolself.models.local import load_weights
+    from toolself.models.weights import load_weights
     from toolself.train.kto import train_kto
     from toolself.train.kto_config import CATKTOConfig
 
@@ -392,7 +392,7 @@ def test_a_cat_run_resumed_with_its_student_mounted_elsewhere_runs_and_merges_it
 
     from lora_adapters import random_lora_adapter
 
-    from toolself.models.local import adapter_base
+    from toolself.models.weights import adapter_base
     from toolself.train.merge import prepare_base
     from toolself.train.pipeline import CATSettings, State, run_cat
 

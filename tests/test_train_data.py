@@ -53,7 +53,7 @@ TWO_STAGES = [
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from toolself.models.local import MissingWeightsError, default_model_dir
+    from toolself.models.weights import MissingWeightsError, default_model_dir
 
     try:
         return AutoTokenizer.from_pretrained(str(default_model_dir()))
@@ -327,7 +327,7 @@ def qwen3_tokenizer():
 
     from transformers import AutoTokenizer
 
-    from toolself.models.local import default_model_dir
+    from toolself.models.weights import default_model_dir
 
     template = files("trl") / "chat_templates" / "qwen3.jinja"
     if not template.is_file():
@@ -387,7 +387,7 @@ def test_the_data_command_names_a_qwen3_students_rereading_cost(tmp_path, qwen3_
 
     from typer.testing import CliRunner
 
-    from toolself.models.local import default_model_dir
+    from toolself.models.weights import default_model_dir
     from toolself.train.cli import train_app
     from toolself.trajectory import write_jsonl
 
@@ -409,7 +409,7 @@ def test_the_chat_template_benchmark_prints_qwen3s_cost_against_the_default_temp
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    from toolself.models.local import default_model_dir
+    from toolself.models.weights import default_model_dir
 
     student = default_model_dir()  # a model folder with a tokenizer and a template of its own
     done = subprocess.run([sys.executable, str(root / "benchmarks" / "chat_templates.py"), "--tasks",

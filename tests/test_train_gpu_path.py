@@ -371,9 +371,9 @@ def test_a_carved_frames_split_is_seeded_disjoint_and_keeps_each_questions_id(tm
 
 
 def test_local_models_are_placed_on_the_gpu_in_bfloat16_when_there_is_one(monkeypatch):
-    from toolself.models import local
+    from toolself.models import weights
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert (local.default_device(), local.default_dtype()) == ("cuda", "bfloat16")
+    assert (weights.default_device(), weights.default_dtype()) == ("cuda", "bfloat16")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert local.default_device() == "cpu"
+    assert weights.default_device() == "cpu"

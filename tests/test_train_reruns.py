@@ -261,7 +261,7 @@ def test_kto_starts_from_a_merge_of_the_rft_adapter_now_in_its_folder_not_of_the
 
 def test_a_base_model_mounted_at_another_path_is_the_same_base_and_the_adapter_finds_it_there(
         finished, tiny, tiny_sft, tmp_path):
-    from toolself.models.local import adapter_base
+    from toolself.models.weights import adapter_base
     from toolself.train.rft import train_rft
     from toolself.train.rft_config import RFTConfig
 
@@ -303,7 +303,7 @@ def test_a_full_model_recorded_by_its_path_alone_is_still_known_by_it(tmp_path, 
 
 def test_an_adapter_finds_its_base_where_it_was_relocated_only_while_the_path_it_names_is_gone(tmp_path):
     from toolself.models.digests import BASE_LOCATION, relocate_base
-    from toolself.models.local import adapter_base
+    from toolself.models.weights import adapter_base
 
     named, mounted, adapter = tmp_path / "node-a", tmp_path / "node-b", tmp_path / "rft"
     for folder in (named, mounted, adapter):
@@ -342,7 +342,7 @@ def test_an_adapter_trained_on_an_adapter_is_not_relocated_to_it(tmp_path):
 
 def test_an_adapter_whose_base_is_nowhere_here_says_how_to_find_it(tmp_path):
     from toolself.models.base import ModelError
-    from toolself.models.local import adapter_base
+    from toolself.models.weights import adapter_base
 
     (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/node-a/models/qwen3"}))
     with pytest.raises(ModelError, match="trained on '/node-a/models/qwen3'.*rerun the `train rft` or `train cat`"):
@@ -350,7 +350,7 @@ def test_an_adapter_whose_base_is_nowhere_here_says_how_to_find_it(tmp_path):
 
 
 def test_a_moved_run_folder_keeps_its_merged_base_and_its_kto_adapter_finds_it(tmp_path, tiny):
-    from toolself.models.local import adapter_base, load_weights
+    from toolself.models.weights import adapter_base, load_weights
     from toolself.train.merge import MERGED_FROM, prepare_base
 
     run = tmp_path / "run"

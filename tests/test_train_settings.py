@@ -229,7 +229,7 @@ def test_train_data_renders_the_examples_in_the_presets_protocol(tmp_path, prese
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from toolself.models.local import MissingWeightsError, default_model_dir
+    from toolself.models.weights import MissingWeightsError, default_model_dir
     from toolself.train.data import tool_schemas
 
     try:

@@ -18,7 +18,7 @@ from toolself.cli_errors import DEBUG_ENV, debugging, describe, err_console, fai
 from toolself.cli_options import (ToolOptions, default_web_cache, preset_option, preset_pool, request_options,
                                   request_options_option, tool_options)
 from toolself.evals.preflight import check_free_task
-from toolself.models.local import DTYPE_HELP
+from toolself.models.weights import DTYPE_HELP
 from toolself.models.spec import MODEL_SPECS, ModelSpec, model_defaults
 
 

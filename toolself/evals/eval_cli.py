@@ -18,7 +18,7 @@ from toolself.cli_options import (ToolOptions, preset_option, preset_pool, reque
                                   tool_options)
 from toolself.evals.preflight import CheckingLoader, Provided
 from toolself.interrupts import say_how_to_resume
-from toolself.models.local import DTYPE_HELP
+from toolself.models.weights import DTYPE_HELP
 from toolself.models.spec import ModelSpec
 
 console = Console()

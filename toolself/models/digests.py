@@ -2,7 +2,7 @@
 mounted elsewhere, knows the model by more than its path. Training runs know their base by it
 (`train.reruns`), evaluations the `local:` models they ran (`evals.runner`) and a CAT run its
 student (`train.pipeline`). An adapter names its base by the path it was trained on; where the
-base is now mounted elsewhere, `relocate_base` says where (`local.adapter_base` looks there)."""
+base is now mounted elsewhere, `relocate_base` says where (`weights.adapter_base` looks there)."""
 
 from __future__ import annotations
 

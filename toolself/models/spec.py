@@ -83,7 +83,7 @@ class ModelSpec:
         if self.kind == "expert":
             return None
         if self.kind == "local":
-            from toolself.models.local import model_config
+            from toolself.models.weights import model_config
             from toolself.models.scale import is_large
 
             return LARGE_MODEL if is_large(model_config(str(self.path))) else SMALL_MODEL
@@ -91,7 +91,7 @@ class ModelSpec:
 
     def options(self, temperature: float = 0.0, seed: int = 0, dtype: str = "auto") -> dict[str, Any]:
         """Load options: a local model takes temperature, seed and dtype (see
-        `local.default_dtype`); a served one a temperature when one is asked for (on-policy
+        `weights.default_dtype`); a served one a temperature when one is asked for (on-policy
         collection samples so that the K attempts at a task differ); the expert none."""
         if self.in_process:
             return {"temperature": temperature, "seed": seed, "dtype": dtype}
@@ -114,7 +114,7 @@ class ModelSpec:
     def weights(self) -> Path:
         """The directory training starts from: a transformers model or a LoRA adapter."""
         if self.kind == "embedded":
-            from toolself.models.local import default_model_dir
+            from toolself.models.weights import default_model_dir
 
             return default_model_dir()
         if self.kind == "shipped":

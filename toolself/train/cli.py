@@ -18,7 +18,7 @@ from rich.table import Table
 from toolself.cli_errors import fail, json_object_option, warn
 from toolself.cli_options import ToolOptions, preset_option, tool_options
 from toolself.interrupts import say_how_to_resume
-from toolself.models.local import DTYPE_HELP
+from toolself.models.weights import DTYPE_HELP
 from toolself.train.stage_options import KTOOptions, RFTOptions, stage_options
 
 if TYPE_CHECKING:

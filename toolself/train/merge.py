@@ -12,9 +12,9 @@ from typing import Any
 
 
 def adapter_base(adapter_dir: str | Path) -> Path:
-    """The base model directory an adapter was trained on (see `local.adapter_base`)."""
+    """The base model directory an adapter was trained on (see `weights.adapter_base`)."""
     from toolself.models.base import ModelError
-    from toolself.models.local import adapter_base as find_base
+    from toolself.models.weights import adapter_base as find_base
 
     try:
         return find_base(adapter_dir)

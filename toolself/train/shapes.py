@@ -37,7 +37,7 @@ def random_model_dir(shape: str, out: str | Path, dtype: Any = None, seed: int =
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from toolself.models.local import default_model_dir
+    from toolself.models.weights import default_model_dir
     from toolself.train.merge import default_dtype
 
     if shape not in SHAPES:
