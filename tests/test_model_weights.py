@@ -1,0 +1,105 @@
+"""How `local:DIR` reads an adapter: merged into its base in the dtype it runs in, on its device,
+with no float32 copy of the base on the way (on a GPU: read straight onto the GPU)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Grown: the peak resident size (reset once the libraries are imported) less the size then, in KiB.
+GROWTH_PROBE = """
+import sys
+import peft, torch, transformers
+from toolself.models.weights import load_weights
+before = int(open("/proc/self/statm").read().split()[1]) * 4
+open("/proc/self/clear_refs", "w").write("5")
+load_weights(sys.argv[1], "bfloat16")
+print(next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")) - before)
+"""
+
+
+def adapter_on(base: Path, folder: Path) -> Path:
+    """A random, non-zero LoRA adapter on every linear layer of `base`."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    config = LoraConfig(r=4, lora_alpha=32, target_modules="all-linear", init_lora_weights=False)
+    get_peft_model(model, config).save_pretrained(str(folder))
+    AutoTokenizer.from_pretrained(str(base)).save_pretrained(str(folder))
+    return folder
+
+
+def float32_merge(adapter: Path, base: Path):
+    """The merge in float32, as `local:` made it before."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+
+
+def stored_as(dtype, tiny: Path, folder: Path) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    AutoModelForCausalLM.from_pretrained(str(tiny), dtype=getattr(torch, dtype)).save_pretrained(str(folder))
+    AutoTokenizer.from_pretrained(str(tiny)).save_pretrained(str(folder))
+    return folder
+
+
+def test_an_adapter_on_a_bfloat16_checkpoint_merges_in_bfloat16_to_the_float32_merge_rounded(tiny, tmp_path):
+    import torch
+
+    from toolself.models.weights import load_weights
+
+    base = stored_as("bfloat16", tiny, tmp_path / "base")
+    adapter = adapter_on(base, tmp_path / "adapter")
+    merged, _, _ = load_weights(adapter, "bfloat16")
+    expected = dict(float32_merge(adapter, base).to(torch.bfloat16).named_parameters())
+    assert all(p.dtype == expected[n].dtype for n, p in merged.named_parameters())
+    assert all(bool((p == expected[n]).all()) for n, p in merged.named_parameters())
+
+
+def test_an_adapter_on_a_float32_checkpoint_merges_in_bfloat16_off_by_the_bases_own_rounding_at_most(tiny, tmp_path):
+    """The base is rounded to bfloat16 before the update is added: against the float32 merge
+    rounded once, a weight is off by at most half a bfloat16 step of the base weight plus a
+    step of the result (relative steps of 2^-8 and 2^-7)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from toolself.models.weights import load_weights
+
+    adapter = adapter_on(tiny, tmp_path / "adapter")
+    merged, _, _ = load_weights(adapter, "bfloat16")
+    expected = dict(float32_merge(adapter, tiny).named_parameters())
+    base = dict(AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.float32).named_parameters())
+    moved = 0
+    for name, weight in merged.named_parameters():
+        error = (weight.float() - expected[name].to(torch.bfloat16).float()).abs()
+        assert bool((error <= 2**-8 * base[name].abs() + 2**-7 * expected[name].abs()).all()), name
+        moved += int((error > 0).sum())
+    assert moved > 0  # ... which does move some weights
+
+
+def test_a_bfloat16_load_of_an_adapter_holds_no_float32_copy_of_its_base(tmp_path):
+    """The default model (135M parameters, stored in float32: 540 MB) with an adapter, read in
+    bfloat16: the process grows by the bfloat16 model (270 MB) and one float32 tensor at a time,
+    not by the float32 base and its bfloat16 copy (~700 MB before)."""
+    from toolself.models.weights import MissingWeightsError, default_model_dir
+
+    try:
+        base = default_model_dir()
+    except MissingWeightsError as exc:
+        pytest.skip(str(exc))
+    adapter = adapter_on(base, tmp_path / "adapter")
+    float32_bytes = sum(f.stat().st_size for f in base.glob("*.safetensors"))
+    run = subprocess.run([sys.executable, "-c", GROWTH_PROBE, str(adapter)], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    grown = int(run.stdout.split()[-1]) * 1024
+    assert grown < float32_bytes, f"reading in bfloat16 grew the process by {grown / 2**20:.0f} MiB"
