@@ -10,6 +10,10 @@ bfloat16 is that noise floor, and a variant passes when its error is within twic
 and under flex attention (which skips the masked blocks: CUDA only, it has no backward pass on
 a CPU), and Liger's fused layers where liger-kernel is installed (CUDA only), each with the
 setting the trainers give them.
+
+Then `local:ADAPTER` as the pipeline's evaluations load a student: a random adapter on the same
+model, read onto this machine's device and merged there; its seconds, how much the host's
+resident memory grew at the peak, and whether the weights are the float32 merge's, rounded.
 """
 
 from __future__ import annotations
@@ -72,6 +76,49 @@ def loss_and_gradients(model_dir: Path, examples: list[dict[str, list[int]]], dt
     return value, grads
 
 
+def adapter_load(model_dir: Path, folder: Path) -> dict[str, Any]:
+    """`load_weights` of a random adapter on `model_dir` in bfloat16, against the merge in float32
+    on the CPU rounded to bfloat16 (equal: the base is stored in bfloat16)."""
+    import time
+
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from toolself.models.weights import load_weights
+
+    torch.manual_seed(1)
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    config = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", init_lora_weights=False)
+    get_peft_model(base, config).save_pretrained(str(folder))
+    del base
+
+    def resident_kib() -> int:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * 4
+
+    before = resident_kib()
+    Path("/proc/self/clear_refs").write_text("5")  # the peak counts from here
+    start = time.perf_counter()
+    model, _, _ = load_weights(folder, "bfloat16")
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    peak = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
+                if line.startswith("VmHWM"))
+    loaded = {n: p.detach().cpu() for n, p in model.named_parameters()}
+    device, dtype = str(model.device), model.dtype
+    del model
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    reference = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    reference = PeftModel.from_pretrained(reference, str(folder)).merge_and_unload().to(torch.bfloat16)
+    differing = sum(int((loaded[n] != p).sum()) for n, p in reference.named_parameters())
+    return {"device": device, "dtype": str(dtype).split(".")[-1], "seconds": round(seconds, 2),
+            "host_peak_growth_gib": round((peak - before) / 2**20, 2),
+            "weights_bytes_gib": round(sum(p.numel() * p.element_size() for p in loaded.values()) / 2**30, 2),
+            "weights_differing_from_float32_merge": differing}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trajectories", type=Path, required=True, help="a kit's trajectories (train_gpu.py)")
@@ -104,7 +151,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = args.trajectories.parent / "tokenizer"
-        model_dir = random_model_dir(shape, Path(tmp) / shape, tokenizer=tokenizer if tokenizer.is_dir() else None)
+        # Stored in bfloat16, as Qwen3's checkpoints are: the adapter's merge is then exact.
+        model_dir = random_model_dir(shape, Path(tmp) / shape, dtype=torch.bfloat16,
+                                     tokenizer=tokenizer if tokenizer.is_dir() else None)
         examples = sequences(model_dir, args.trajectories, args.sequences, args.max_length)
         ref_loss, ref_grads = loss_and_gradients(model_dir, examples, torch.float32, SDPA, False, False, device)
         results: dict[str, Any] = {}
@@ -116,6 +165,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 continue
             results[name] = {"loss": round(loss, 5), "loss_error": abs(loss - ref_loss) / abs(ref_loss),
                              "gradient_error": float((grads - ref_grads).norm() / ref_grads.norm())}
+        try:
+            loaded = adapter_load(model_dir, Path(tmp) / "adapter")
+        except Exception as exc:  # a load that fails here is what this script is for
+            loaded = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     floor = results.get("padded", {}).get("gradient_error", 0.0)
     bound = max(2 * floor, 0.02)
     for name, r in results.items():
@@ -123,8 +176,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             r["ok"] = r["gradient_error"] <= bound and r["loss_error"] <= max(2 * results["padded"]["loss_error"], 0.01)
     report = {"shape": shape, "device": device, "dtype": str(dtype).split(".")[-1],
               "lengths": [len(e["input_ids"]) for e in examples], "reference_loss": round(ref_loss, 5),
-              "bound": bound, "variants": results, "skipped": skipped,
-              "ok": all(r.get("ok", False) for r in results.values())}
+              "bound": bound, "variants": results, "skipped": skipped, "adapter_load": loaded,
+              "ok": all(r.get("ok", False) for r in results.values())
+              and loaded.get("weights_differing_from_float32_merge") == 0}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

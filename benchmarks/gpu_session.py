@@ -122,6 +122,13 @@ def table(results: dict[str, dict[str, Any]]) -> list[str]:
             verdicts = {k: ("ok" if v.get("ok") else v.get("error", "FAILED"))
                         for k, v in report.get("variants", {}).items()}
             lines.append(f"{name:<16} exit {result['exit']}: {verdicts or 'no report'}")
+            loaded = report.get("adapter_load", {})
+            if "error" in loaded:
+                lines.append(f"{name:<16} local:ADAPTER {loaded['error']}")
+            elif loaded:
+                lines.append(f"{name:<16} local:ADAPTER on {loaded['device']} in {loaded['seconds']} s, host peak "
+                             f"+{loaded['host_peak_growth_gib']} GiB for {loaded['weights_bytes_gib']} GiB of weights, "
+                             f"{loaded['weights_differing_from_float32_merge']} weights off the float32 merge")
             continue
         shape = report.get("shape", name)
         for part in ("rft", "kto"):

@@ -244,6 +244,7 @@ def test_the_gpu_session_runs_in_miniature_on_a_cpu_from_a_carried_kit(tmp_path,
     assert runs["qwen3-8b-flex"] == {"exit": "skipped", "seconds": 0, "reason": "needs a CUDA GPU"}
     checks = json.loads((out / "checks.json").read_text())
     assert checks["ok"] and set(checks["variants"]) == {"padded", "padding_free_sdpa"}
+    assert checks["adapter_load"]["weights_differing_from_float32_merge"] == 0  # a student as `local:` loads it
     report = json.loads((out / "smollm2-135m.json").read_text())
     for stage in ("rft", "kto"):
         assert report[stage]["tokens_per_second"] > 0 and 0 < report[stage]["mfu"] < 1
@@ -252,6 +253,7 @@ def test_the_gpu_session_runs_in_miniature_on_a_cpu_from_a_carried_kit(tmp_path,
     assert report["decoding"]["concurrent_8"]["generated_tokens"] == 8 * 8
     assert report["device"]["device"] == "cpu" and "torch" in report["versions"]
     assert "smollm2-135m     rft" in done.stdout  # the table of results against the bars
+    assert "checks           local:ADAPTER on cpu" in done.stdout
     padding = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "padding.py"), "--trajectories",
                               str(kit / "trajectories.jsonl"), "--batches", "2", "--seeds", "2"],
                              capture_output=True, text=True, timeout=120, cwd=ROOT)
