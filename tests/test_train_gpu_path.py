@@ -379,3 +379,11 @@ def test_local_models_are_placed_on_the_gpu_in_bfloat16_when_there_is_one(monkey
     assert (weights.default_device(), weights.default_dtype()) == ("cuda", "bfloat16")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert weights.default_device() == "cpu"
+
+
+def test_the_mixed_dtype_is_refused_on_a_gpu_with_the_dtypes_that_run_there(monkeypatch):
+    from toolself.models import weights
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValueError, match="use bfloat16 .* or float32"):
+        weights.load_weights(None, "mixed")

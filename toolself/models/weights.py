@@ -256,6 +256,9 @@ def resolve_dtype(name: str) -> str:
     if name == "mixed":
         from toolself.models.half_linear import require_available
 
+        if default_device() != "cpu":
+            raise ValueError("the mixed dtype is a CPU scheme (fbgemm's float16 product on the host); local models "
+                             "run on this machine's GPU: use bfloat16 (what auto means there) or float32")
         require_available()
     elif name not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be auto, float32, bfloat16 or mixed, not {name!r}")
