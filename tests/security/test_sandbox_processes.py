@@ -1,8 +1,9 @@
 """What an attempt's processes can take and how long they live (findings 6, 8 and 9 of issue 25).
 
 The memory and process budgets hold for the attempt as a whole, not per process; no process
-of an attempt outlives a call's timeout, the attempt's close, or a host killed with SIGKILL;
-and an attempt started without a network cannot reach the host's Unix sockets either.
+of an attempt outlives a call's timeout, the attempt's close, or a host killed with SIGKILL
+(nor do the folders such a host made for its sandboxes); and an attempt started without a
+network cannot reach the host's Unix sockets either.
 Tests that need a uid of the attempt's own need a root host (CI runs as root).
 """
 
@@ -129,6 +130,36 @@ execute_bash({{"command": {DAEMON!r} + " sleep 0.5"}}, ctx)
 print(ctx.workspace, ctx.resources["sandbox_user"].uid, flush=True)
 time.sleep(1000)
 """
+
+
+HOST_WITH_A_FOLDER = """
+import os, signal, sys, time
+from toolself.tools.leases import host_folder
+print(host_folder("toolself-python-"), flush=True)
+if sys.argv[1] == "killed":
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(1000)
+"""
+
+
+def test_the_folders_of_a_host_killed_with_sigkill_go_when_the_next_host_makes_its_own():
+    from toolself.tools.leases import host_folder
+
+    hosts = {how: subprocess.Popen([sys.executable, "-c", HOST_WITH_A_FOLDER, how], stdout=subprocess.PIPE, text=True,
+                                   cwd=Path(__file__).resolve().parents[2]) for how in ("killed", "alive")}
+    left, live = (Path(hosts[how].stdout.readline().strip()) for how in ("killed", "alive"))
+    assert hosts["killed"].wait(timeout=60) == -signal.SIGKILL
+    mine = None
+    try:
+        assert left.is_dir()  # nothing ran at its exit
+        mine = Path(host_folder("toolself-python-"))
+        assert not left.exists() and live.is_dir() and mine.is_dir()
+    finally:
+        hosts["alive"].kill()
+        hosts["alive"].wait()
+        for folder in (left, live, mine):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 @needs_root

@@ -17,7 +17,6 @@ behind. So a check:
 
 from __future__ import annotations
 
-import atexit
 import errno
 import json
 import os
@@ -27,7 +26,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,6 +33,7 @@ from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from toolself.tools.leases import host_folder
 from toolself.tools.sandbox import (
     LIMITS_PRELUDE, Capture, Limits, SandboxUser, descendants, kill_pids, limits_for, rlimits, scrubbed_env,
 )
@@ -241,19 +240,17 @@ _REPORTER_LOCK = threading.Lock()
 def reporter_folder() -> str:
     """A private, host-owned, world-readable folder holding the reporter and a `sitecustomize`
     that loads it; made once per host process (never reused from a shared temporary folder,
-    where another user could have planted one) and removed at exit."""
+    where another user could have planted one); see `leases.host_folder`."""
     with _REPORTER_LOCK:
         folder = _REPORTER.get("folder")
         if folder is None:
-            folder = tempfile.mkdtemp(prefix="toolself-check-")
+            folder = host_folder("toolself-check-")
             source = resources.files("toolself.evals").joinpath("check_report.py").read_text(encoding="utf-8")
             files = {"toolself_check_report.py": source, "sitecustomize.py": "import toolself_check_report\n"}
             for name, text in files.items():
                 with open(os.path.join(folder, name), "x", encoding="utf-8") as handle:
                     handle.write(text)
                 os.chmod(os.path.join(folder, name), 0o644)
-            os.chmod(folder, 0o755)
-            atexit.register(shutil.rmtree, folder, True)
             _REPORTER["folder"] = folder
         return folder
 

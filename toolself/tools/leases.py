@@ -121,3 +121,29 @@ def _is_attempt_group(path: Path) -> bool:
     if not path.name.startswith(PREFIX) or ".." in path.parts:
         return False
     return any(path.is_relative_to(mount) for mount, _, _ in mounts())
+
+
+def host_folder(prefix: str) -> str:
+    """A fresh world-readable folder in the shared temporary folder for what this host's
+    sandboxes read (the Python shims, the check reporter), named by the host (pid and start
+    time) and removed at exit. A host killed with SIGKILL removes nothing at exit, so the
+    folders of `prefix` whose hosts are gone are removed first: only folders of this user, and
+    never one of a live host."""
+    import atexit
+    import shutil
+
+    me = os.getpid()
+    for path in Path(tempfile.gettempdir()).glob(f"{prefix}*-*-*"):
+        pid, _, rest = path.name[len(prefix):].partition("-")
+        start = rest.partition("-")[0]
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if (pid.isdigit() and stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid()
+                and _start_time(int(pid)) != start):
+            shutil.rmtree(path, ignore_errors=True)
+    folder = tempfile.mkdtemp(prefix=f"{prefix}{me}-{_start_time(me)}-")
+    os.chmod(folder, 0o755)
+    atexit.register(shutil.rmtree, folder, True)
+    return folder

@@ -38,7 +38,6 @@ import queue
 import resource
 import secrets
 import select
-import shutil
 import signal
 import site
 import stat
@@ -54,7 +53,7 @@ from typing import Any, Callable
 
 from toolself.tools.cgroups import AttemptCgroup, kill_group
 from toolself.tools.procs import descendants, kill_pids, processes
-from toolself.tools.leases import Leases, state_dir
+from toolself.tools.leases import Leases, host_folder, state_dir
 from toolself.tools.seccomp import no_unix_sockets_filter
 from toolself.tools.workspace import hand_over, open_directory
 
@@ -132,17 +131,12 @@ def _python_shims(executable: str) -> str:
     """A private, world-readable folder whose `python` and `python3` point at `executable`.
 
     Made fresh by each host process (never reused from the shared temporary folder, where
-    another user could have planted one) and removed at exit."""
-    import atexit
-    import tempfile
-
+    another user could have planted one); see `leases.host_folder`."""
     folder = _SHIMS.get(executable)
     if folder is None:
-        folder = tempfile.mkdtemp(prefix="toolself-python-")
+        folder = host_folder("toolself-python-")
         for name in ("python", "python3"):
             os.symlink(executable, os.path.join(folder, name))
-        os.chmod(folder, 0o755)
-        atexit.register(shutil.rmtree, folder, True)
         _SHIMS[executable] = folder
     return folder
 
