@@ -149,6 +149,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         skipped["liger"] = "no CUDA GPU" if not cuda else "liger-kernel not installed"
 
+    report: dict[str, Any] = {"shape": shape, "device": device, "dtype": str(dtype).split(".")[-1], "variants": {},
+                              "skipped": skipped, "adapter_load": {}, "ok": False}
+
+    def save() -> None:
+        """The verdicts so far, written after each measurement: killed at the session's limit,
+        this run keeps what it measured."""
+        results, loaded = report["variants"], report["adapter_load"]
+        bound = max(2 * results.get("padded", {}).get("gradient_error", 0.0), 0.02)
+        for r in results.values():
+            if "error" not in r:
+                r["ok"] = (r["gradient_error"] <= bound
+                           and r["loss_error"] <= max(2 * results["padded"]["loss_error"], 0.01))
+        report.update(bound=bound, ok=bool(results) and all(r.get("ok", False) for r in results.values())
+                      and loaded.get("weights_differing_from_float32_merge") == 0)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = args.trajectories.parent / "tokenizer"
         # Stored in bfloat16, as Qwen3's checkpoints are: the adapter's merge is then exact.
@@ -156,32 +174,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                      tokenizer=tokenizer if tokenizer.is_dir() else None)
         examples = sequences(model_dir, args.trajectories, args.sequences, args.max_length)
         ref_loss, ref_grads = loss_and_gradients(model_dir, examples, torch.float32, SDPA, False, False, device)
-        results: dict[str, Any] = {}
+        report.update(lengths=[len(e["input_ids"]) for e in examples], reference_loss=round(ref_loss, 5))
         for name, attention, padding_free, liger in variants:
             try:
                 loss, grads = loss_and_gradients(model_dir, examples, dtype, attention, padding_free, liger, device)
+                report["variants"][name] = {"loss": round(loss, 5), "loss_error": abs(loss - ref_loss) / abs(ref_loss),
+                                            "gradient_error": float((grads - ref_grads).norm() / ref_grads.norm())}
             except Exception as exc:  # a kernel that fails here is what this script is for
-                results[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-                continue
-            results[name] = {"loss": round(loss, 5), "loss_error": abs(loss - ref_loss) / abs(ref_loss),
-                             "gradient_error": float((grads - ref_grads).norm() / ref_grads.norm())}
+                report["variants"][name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            save()
         try:
-            loaded = adapter_load(model_dir, Path(tmp) / "adapter")
+            report["adapter_load"] = adapter_load(model_dir, Path(tmp) / "adapter")
         except Exception as exc:  # a load that fails here is what this script is for
-            loaded = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-    floor = results.get("padded", {}).get("gradient_error", 0.0)
-    bound = max(2 * floor, 0.02)
-    for name, r in results.items():
-        if "error" not in r:
-            r["ok"] = r["gradient_error"] <= bound and r["loss_error"] <= max(2 * results["padded"]["loss_error"], 0.01)
-    report = {"shape": shape, "device": device, "dtype": str(dtype).split(".")[-1],
-              "lengths": [len(e["input_ids"]) for e in examples], "reference_loss": round(ref_loss, 5),
-              "bound": bound, "variants": results, "skipped": skipped, "adapter_load": loaded,
-              "ok": all(r.get("ok", False) for r in results.values())
-              and loaded.get("weights_differing_from_float32_merge") == 0}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+            report["adapter_load"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        save()
     print(json.dumps(report, indent=2))
     return report
 
