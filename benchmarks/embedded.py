@@ -204,7 +204,7 @@ def bench_throughput(model_cls, weights, observations, episodes: int, steps: int
     }
 
 
-def _status_mb() -> dict[str, int]:
+def status_mb() -> dict[str, int]:
     """This process's resident memory now and at its peak, in MB (Linux)."""
     fields = {}
     with open("/proc/self/status") as status:
@@ -221,7 +221,7 @@ def memory_child(episodes: int, dtype: str, context: int, max_tokens: int) -> di
     from toolself.models import local, weights
 
     model = local.EmbeddedModel.load(dtype=dtype)
-    loaded = _status_mb()
+    loaded = status_mb()
     observations = _observations()
 
     def run(i: int) -> None:
@@ -236,7 +236,7 @@ def memory_child(episodes: int, dtype: str, context: int, max_tokens: int) -> di
     wall = _concurrently(run, episodes)
     stats = dict(model.engine.stats)
     model.close()
-    end = _status_mb()
+    end = status_mb()
     return {"episodes": episodes, "dtype": weights.resolve_dtype(dtype), "context_tokens": context,
             "wall_s": round(wall, 1),
             "prefill_tokens": stats["prefill_tokens"], "decode_steps": stats["steps"],

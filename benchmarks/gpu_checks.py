@@ -85,6 +85,7 @@ def adapter_load(model_dir: Path, folder: Path) -> dict[str, Any]:
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM
 
+    from embedded import status_mb
     from toolself.models.weights import load_weights
 
     torch.manual_seed(1)
@@ -93,18 +94,14 @@ def adapter_load(model_dir: Path, folder: Path) -> dict[str, Any]:
     get_peft_model(base, config).save_pretrained(str(folder))
     del base
 
-    def resident_kib() -> int:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * 4
-
-    before = resident_kib()
+    before = status_mb()["rss_mb"]
     Path("/proc/self/clear_refs").write_text("5")  # the peak counts from here
     start = time.perf_counter()
     model, _, _ = load_weights(folder, "bfloat16")
     if model.device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    peak = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
-                if line.startswith("VmHWM"))
+    peak = status_mb()["peak_rss_mb"]
     loaded = {n: p.detach().cpu() for n, p in model.named_parameters()}
     device, dtype = str(model.device), model.dtype
     del model
@@ -114,7 +111,7 @@ def adapter_load(model_dir: Path, folder: Path) -> dict[str, Any]:
     reference = PeftModel.from_pretrained(reference, str(folder)).merge_and_unload().to(torch.bfloat16)
     differing = sum(int((loaded[n] != p).sum()) for n, p in reference.named_parameters())
     return {"device": device, "dtype": str(dtype).split(".")[-1], "seconds": round(seconds, 2),
-            "host_peak_growth_gib": round((peak - before) / 2**20, 2),
+            "host_peak_growth_gib": round((peak - before) / 1024, 2),
             "weights_bytes_gib": round(sum(p.numel() * p.element_size() for p in loaded.values()) / 2**30, 2),
             "weights_differing_from_float32_merge": differing}
 
