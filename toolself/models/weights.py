@@ -215,7 +215,6 @@ def load_weights(path: str | os.PathLike | None = None, dtype: str = "auto"):
         from toolself.models.half_linear import use_half_linears
 
         use_half_linears(model, on_replaced=release_freed_memory)
-    model = model.to(device)
     release_freed_memory()
     return model, tokenizer, name
 
