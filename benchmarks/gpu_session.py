@@ -150,7 +150,7 @@ def table(results: dict[str, dict[str, Any]]) -> list[str]:
             sampled = decoding.get("concurrent_8_sampled", {}).get("tokens_per_second", 0)
             lines.append(f"{name:<16} {'decode':<8} {decoding['concurrent_1']['tokens_per_second']:>10,.0f} "
                          f"x{speedup} at 8 ({sampled:,.0f} sampled), {same}, store "
-                         f"{decoding.get('prefix_store_gib')} GiB  {bar}")
+                         f"{decoding.get('prefix_store_gib')} GiB, {decoding.get('engine_rows')} rows  {bar}")
         if result["exit"] != 0:
             lines.append(f"{name:<16} exit {result['exit']} after {result['seconds']} s (see session.log)")
     return lines

@@ -198,7 +198,7 @@ def decoding(model_dir: Path, max_tokens: int) -> dict[str, Any]:
                                max_tokens=max_tokens, max_batch=8)
     out: dict[str, Any] = {}
     ids = {}
-    store_gib = round(model.engine.store.max_bytes / 2**30, 2)
+    store_gib, rows = round(model.engine.store.max_bytes / 2**30, 2), model.engine.max_batch
     try:
         model.complete([Message(role="user", content="Warm-up.")], session=None)
         for name, concurrent, sampled in (("concurrent_1", 1, False), ("concurrent_8", 8, False),
@@ -221,6 +221,7 @@ def decoding(model_dir: Path, max_tokens: int) -> dict[str, Any]:
     out["speedup_8_over_1"] = round(eight / one, 2) if one else None
     out["batched_reply_matches_alone"] = ids["concurrent_1"] == ids["concurrent_8"]
     out["prefix_store_gib"] = store_gib  # what the engine keeps between turns on this device
+    out["engine_rows"] = rows  # episodes it decodes together here (`memory.engine_plan`)
     return out
 
 

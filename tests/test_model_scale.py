@@ -123,37 +123,91 @@ def eight_b_on_a_gpu():
     return SimpleNamespace(config=shape_config("qwen3-8b"), device=torch.device("cuda", 0))
 
 
-def test_a_large_students_prefix_store_on_a_gpu_holds_its_batch_of_whole_sessions(monkeypatch):
+GIB = 2**30
+
+
+def eight_b_plan(monkeypatch, free_gib: float, total_gib: float):
+    """The engine's plan for the Qwen3-8B shape's student on a GPU with `free_gib` free after its
+    weights, and the bytes of one whole session (context budget and a reply) of it."""
     from toolself.models.local import LARGE_MAX_TOKENS
-    from toolself.models.memory import CPU_PREFIX_STORE_BYTES, kv_bytes_per_token, prefix_store_bytes
+    from toolself.models.memory import engine_plan, kv_bytes_per_token
 
     model = eight_b_on_a_gpu()
-    per_token = kv_bytes_per_token(model, torch.bfloat16)
-    assert per_token == 144 * 1024
-    assert CPU_PREFIX_STORE_BYTES // per_token < LARGE_MODEL.context_budget  # the CPU's bound: not one whole context
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (120 << 30, 141 << 30))
-    sessions = 8 * (LARGE_MODEL.context_budget + LARGE_MAX_TOKENS) * per_token
-    assert prefix_store_bytes(model, torch.bfloat16, 8, LARGE_MAX_TOKENS) == sessions  # ~22 GiB of 120 free
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (int(free_gib * GIB), int(total_gib * GIB)))
+    session = (LARGE_MODEL.context_budget + LARGE_MAX_TOKENS) * kv_bytes_per_token(model, torch.bfloat16)
+    return engine_plan(model, torch.bfloat16, 8, LARGE_MAX_TOKENS), session
 
 
-def test_a_gpu_prefix_store_leaves_room_for_a_full_batch_and_its_work(monkeypatch):
-    from toolself.models.local import LARGE_MAX_TOKENS
-    from toolself.models.memory import CPU_PREFIX_STORE_BYTES, kv_bytes_per_token, prefix_store_bytes
+def test_a_large_students_engine_on_an_h200_decodes_eight_whole_sessions_and_keeps_eight_more(monkeypatch):
+    from toolself.models.memory import CPU_PREFIX_STORE_BYTES, kv_bytes_per_token
 
-    model = eight_b_on_a_gpu()
-    batch = 8 * (LARGE_MODEL.context_budget + LARGE_MAX_TOKENS) * kv_bytes_per_token(model, torch.bfloat16)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (32 << 30, 48 << 30))  # 48 GB, 8B loaded
-    assert prefix_store_bytes(model, torch.bfloat16, 8, LARGE_MAX_TOKENS) == ((32 << 30) - batch) // 2
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 << 30, 24 << 30))  # no room for a batch
-    assert prefix_store_bytes(model, torch.bfloat16, 8, LARGE_MAX_TOKENS) == CPU_PREFIX_STORE_BYTES
+    assert kv_bytes_per_token(eight_b_on_a_gpu(), torch.bfloat16) == 144 * 1024
+    plan, session = eight_b_plan(monkeypatch, 120, 141)
+    assert CPU_PREFIX_STORE_BYTES < session  # the CPU's bound: not one whole context
+    assert (plan.rows, plan.store_bytes, plan.note) == (8, 8 * session, "")  # ~22 GiB of 120 free
 
 
-def test_on_a_cpu_the_prefix_store_keeps_its_bound_whatever_the_model(tiny):
+def test_on_a_48_gb_gpu_an_8b_student_decodes_as_many_episodes_as_a_batch_and_its_relayout_hold(monkeypatch):
+    from toolself.models.memory import CPU_PREFIX_STORE_BYTES, GPU_RESERVE
+
+    plan, session = eight_b_plan(monkeypatch, 32, 48)
+    usable = 32 * GIB - int(48 * GIB * GPU_RESERVE)
+    assert plan.rows == 4  # eight take 22 GiB, twice that while one joins: more than the 32 GiB left
+    assert 2 * 4 * session + plan.store_bytes <= usable < 2 * 5 * session + CPU_PREFIX_STORE_BYTES
+    assert "decoding 4 episodes at a time, not 8" in plan.note
+
+
+def test_on_a_24_gb_gpu_an_8b_student_decodes_one_episode_at_a_time_in_its_own_buffers(monkeypatch):
+    from toolself.models.memory import GPU_RESERVE
+
+    plan, session = eight_b_plan(monkeypatch, 8, 24)
+    assert plan.rows == 1
+    assert plan.store_bytes == 8 * GIB - int(24 * GIB * GPU_RESERVE) - session
+
+
+def test_a_gpu_without_room_for_one_whole_episode_says_so_and_how_to_get_it(monkeypatch):
+    from toolself.models.memory import CPU_PREFIX_STORE_BYTES
+
+    plan, _ = eight_b_plan(monkeypatch, 3, 24)
+    assert (plan.rows, plan.store_bytes) == (1, CPU_PREFIX_STORE_BYTES)
+    assert "no room for one whole episode" in plan.note
+    assert "vLLM" in plan.note and "CUDA_VISIBLE_DEVICES=" in plan.note
+
+
+def test_memory_torchs_allocator_holds_unused_counts_as_free_for_the_plan(monkeypatch):
+    from toolself.models.memory import gpu_free_bytes
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (20 * GIB, 80 * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 30 * GIB)  # a trainer's, freed
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 16 * GIB)  # the loaded weights
+    assert gpu_free_bytes("cuda") == 34 * GIB
+
+
+def test_the_engine_decodes_as_many_rows_as_its_plan_allows_and_logs_why(tiny, monkeypatch, caplog):
+    from toolself.models.base import Message
+    from toolself.models.local import EmbeddedModel
+    from toolself.models.memory import EnginePlan
+
+    plan = EnginePlan(2, 64 << 20, "decoding 2 episodes at a time, not 8: (the numbers)")
+    monkeypatch.setattr("toolself.models.local.engine_plan", lambda *args: plan)
+    with caplog.at_level("WARNING", logger="toolself.models.local"):
+        model = EmbeddedModel.load(str(tiny), threads=0, max_tokens=8)
+    try:
+        assert (model.engine.max_batch, model.engine.store.max_bytes) == (2, 64 << 20)
+        assert "decoding 2 episodes at a time" in caplog.text
+        futures = [model.submit([Message(role="user", content=f"Count to {i}.")]) for i in range(3)]
+        assert all(f.result(timeout=120).completion_ids for f in futures)
+        assert model.engine.stats["max_rows"] == 2
+    finally:
+        model.close()
+
+
+def test_on_a_cpu_the_engine_keeps_its_batch_and_store_bound_whatever_the_model(tiny):
     from toolself.models.local import EmbeddedModel
     from toolself.models.memory import CPU_PREFIX_STORE_BYTES
 
     model = EmbeddedModel.load(str(tiny), threads=0)
     try:
-        assert model.engine.store.max_bytes == CPU_PREFIX_STORE_BYTES
+        assert (model.engine.max_batch, model.engine.store.max_bytes) == (8, CPU_PREFIX_STORE_BYTES)
     finally:
         model.close()

@@ -250,7 +250,7 @@ def test_the_gpu_session_runs_in_miniature_on_a_cpu_from_a_carried_kit(tmp_path,
         assert report[stage]["tokens_per_second"] > 0 and 0 < report[stage]["mfu"] < 1
         assert report[stage]["kernels"]["attention"] == "sdpa"
     assert report["kto"]["kl_tokens"] > 0  # counted while training, not before it
-    assert report["decoding"]["concurrent_8"]["generated_tokens"] == 8 * 8
+    assert report["decoding"]["concurrent_8"]["generated_tokens"] == 8 * 8 and report["decoding"]["engine_rows"] == 8
     assert report["device"]["device"] == "cpu" and "torch" in report["versions"]
     assert "smollm2-135m     rft" in done.stdout  # the table of results against the bars
     assert "checks           local:ADAPTER on cpu" in done.stdout

@@ -18,6 +18,7 @@ Why it looks like this:
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -25,10 +26,12 @@ from typing import Any, AsyncIterator
 
 from toolself.models.base import Completion, Message, ModelError, Usage
 from toolself.models.grammar import DEFAULT_MAX_STRING
-from toolself.models.memory import prefix_store_bytes
+from toolself.models.memory import engine_plan
 from toolself.models.protocol import (DEFAULT, TextProtocol, parse_tool_calls_text, text_protocol_named,
                                       to_text_messages)
 from toolself.models.weights import DEFAULT_NAME, load_weights
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 384
 LARGE_MAX_TOKENS = 4096  # a large model's reply (`scale`): the authors' cap per call (docs/paper.md)
@@ -126,7 +129,8 @@ class EmbeddedModel:
         default.
         `cache_dtype`: the KV cache's dtype; None picks `kv_dtype(model)`. `cache_entries`,
         `cache_bytes`: the bounds of the KV caches kept between turns (`engine.PrefixStore`;
-        None: `memory.prefix_store_bytes`). `jump_forward`:
+        None: `memory.engine_plan`'s). `max_batch`: the most requests decoded together; on a GPU,
+        fewer where that many whole episodes would not fit (`memory.engine_plan`). `jump_forward`:
         feed the text a grammar forces in the middle of a reply (the next key of a JSON
         object, the rest of an enum value) in one step with the token before it, rather than
         decoding it a token a step. `text_protocol`: how tool calls are written and read back
@@ -152,9 +156,12 @@ class EmbeddedModel:
         self.grammars = GrammarCache(tokenizer, vocab_size, max_string=max_string,
                                      stop_token_ids=stop_ids[:1])
         cache_dtype = cache_dtype or kv_dtype(model)
+        plan = engine_plan(model, cache_dtype, max_batch, max_tokens)
+        if plan.note:
+            log.warning("%s: %s", name, plan.note)
         if cache_bytes is None:
-            cache_bytes = prefix_store_bytes(model, cache_dtype, max_batch, max_tokens)
-        self.engine = Engine(model, stop_token_ids=stop_ids, vocab_size=vocab_size, max_batch=max_batch,
+            cache_bytes = plan.store_bytes
+        self.engine = Engine(model, stop_token_ids=stop_ids, vocab_size=vocab_size, max_batch=plan.rows,
                              cache_entries=cache_entries, cache_bytes=cache_bytes, threads=threads,
                              kv_dtype=cache_dtype,
                              jump_forward=self._forced_tokens if jump_forward else None)

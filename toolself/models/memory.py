@@ -10,7 +10,8 @@ resident besides the tensors it uses (docs/notes/2026-12-04-embedded-memory.md).
   so nearly every prefill adds new ones (~0.75 MB per shape): an eval grew by gigabytes.
   `bound_kernel_caches` caps both.
 
-And how much of the KV caches the engine keeps between turns (`prefix_store_bytes`).
+And how the engine spends a GPU's memory: how many episodes it decodes together, and how much
+of the KV caches it keeps between turns (`engine_plan`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import ctypes
 import ctypes.util
 import functools
 import os
+from dataclasses import dataclass
 from typing import Any
 
 KERNEL_CACHE_CAPACITY = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
@@ -65,33 +67,79 @@ def kv_bytes_per_token(model: Any, kv_dtype: Any) -> int:
     return 2 * model.config.num_hidden_layers * heads * head_dim * kv_dtype.itemsize
 
 
-def gpu_store_bytes(per_token: int, sessions: int, session_tokens: int, free_bytes: int) -> int:
-    """Room for `sessions` whole sessions of `session_tokens`, within half of what `free_bytes`
-    leave once the batch holds as much (the sessions decoding, while the store keeps those
-    waiting), and never less than on a CPU."""
-    sessions_bytes = sessions * session_tokens * per_token
-    return max(CPU_PREFIX_STORE_BYTES, min(sessions_bytes, (free_bytes - sessions_bytes) // 2))
+GPU_RESERVE = 0.1  # of a GPU's memory, left to activations, logits and the allocator's fragments
 
 
-def prefix_store_bytes(model: Any, kv_dtype: Any, sessions: int, reply_tokens: int) -> int:
-    """How many bytes of KV caches the engine keeps between turns (`engine.PrefixStore`).
+@dataclass(frozen=True)
+class EnginePlan:
+    """How the engine spends the memory of the device its model is on."""
 
-    A turn whose session's cache was dropped reads its whole context again. On a CPU, 512 MiB
-    hold seven 3k-token episodes of the default model in bfloat16 and three in float32, within
-    a laptop's memory. That bound holds 3,641 tokens of a Qwen3-8B student (144 KiB a token in
-    bfloat16), whose contexts run to 16,000: every turn of a long episode would read its
-    context again. So on a GPU the bound is what `sessions` episodes (the engine's batch)
-    hold at the model's context budget and reply, within half of the memory the loaded weights
-    and a full batch of such episodes leave free (an eval at a higher concurrency keeps the
-    waiting episodes' caches while a batch decodes; chosen by this arithmetic, not yet measured
-    on a GPU)."""
+    rows: int  # episodes decoded together (the engine's batch)
+    store_bytes: int  # KV caches kept between turns (`engine.PrefixStore`)
+    note: str = ""  # what the user should know: fewer rows than asked, or no room for one whole episode
+
+
+def gpu_free_bytes(device: Any) -> int:
+    """What a GPU can still give this process: its free memory and the blocks torch's caching
+    allocator holds unused (a model or a trainer freed earlier in the process leaves them reserved,
+    and the driver counts them as taken)."""
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
+def batch_peak_bytes(rows: int, session_bytes: int) -> int:
+    """The most a batch of `rows` whole sessions takes: a joining episode lays the batch out again
+    into fresh buffers, the old ones still held while they are copied; a lone episode decodes in
+    its prefill's own buffers."""
+    return session_bytes if rows == 1 else 2 * rows * session_bytes
+
+
+def gpu_plan(per_token: int, max_batch: int, session_tokens: int, free_bytes: int, total_bytes: int) -> EnginePlan:
+    """As many of `max_batch` rows as fit, with every row a whole session of `session_tokens`
+    (the longest an episode's context and reply reach), in what `free_bytes` leave beyond
+    `GPU_RESERVE` of the GPU; the prefix store takes the rest, up to `max_batch` whole sessions
+    (an eval at a higher concurrency keeps the waiting episodes' caches while a batch decodes),
+    and never less than on a CPU. Chosen by this arithmetic, not yet measured on a GPU."""
+    gib = 2**30
+    session = session_tokens * per_token
+    usable = free_bytes - int(total_bytes * GPU_RESERVE)
+    fitting = [n for n in range(1, max_batch + 1) if batch_peak_bytes(n, session) + CPU_PREFIX_STORE_BYTES <= usable]
+    rows = max(fitting, default=1)
+    store = max(CPU_PREFIX_STORE_BYTES, min(max_batch * session, usable - batch_peak_bytes(rows, session)))
+    room = (f"{session / gib:.2f} GiB of KV cache each at the full {session_tokens:,} tokens of a session, twice "
+            f"a batch's while an episode joins it, and {max(usable, 0) / gib:.1f} GiB of the GPU free beyond a "
+            f"{GPU_RESERVE:.0%} reserve")
+    if not fitting:
+        note = (f"no room for one whole episode on this GPU ({room}): a long episode will run out of GPU memory; "
+                "use a GPU with more free memory, serve the model with vLLM, or run it on the CPU "
+                "(CUDA_VISIBLE_DEVICES=)")
+    elif rows < max_batch:
+        note = f"decoding {rows} episode{'s' if rows > 1 else ''} at a time, not {max_batch}: {room}"
+    else:
+        note = ""
+    return EnginePlan(rows, store, note)
+
+
+def engine_plan(model: Any, kv_dtype: Any, max_batch: int, reply_tokens: int) -> EnginePlan:
+    """The engine's batch and prefix store for `model` (`gpu_plan` on a GPU).
+
+    A turn whose session's cache was dropped reads its whole context again. On a CPU, the
+    batch is as asked and the store keeps 512 MiB: seven 3k-token episodes of the default model
+    in bfloat16 and three in float32, within a laptop's memory. That bound holds 3,641 tokens of
+    a Qwen3-8B student (144 KiB a token in bfloat16), whose contexts run to 16,000: every turn
+    of a long episode would read its context again. And eight such episodes decoding together
+    take 22 GiB, twice that while one joins: more than a 48 GB card has beside the 8B's weights,
+    so there the batch is what fits rather than a failed step."""
     if model.device.type != "cuda":
-        return CPU_PREFIX_STORE_BYTES
+        return EnginePlan(max_batch, CPU_PREFIX_STORE_BYTES)
     import torch
 
     from toolself.models.scale import LARGE_MODEL, SMALL_MODEL, is_large
 
     budget = (LARGE_MODEL if is_large(model.config.to_dict()) else SMALL_MODEL).context_budget + reply_tokens
     session_tokens = min(int(getattr(model.config, "max_position_embeddings", budget)), budget)
-    free = torch.cuda.mem_get_info(model.device)[0]
-    return gpu_store_bytes(kv_bytes_per_token(model, kv_dtype), sessions, session_tokens, free)
+    total = torch.cuda.mem_get_info(model.device)[1]
+    return gpu_plan(kv_bytes_per_token(model, kv_dtype), max_batch, session_tokens, gpu_free_bytes(model.device),
+                    total)
