@@ -103,3 +103,29 @@ def test_a_bfloat16_load_of_an_adapter_holds_no_float32_copy_of_its_base(tmp_pat
     assert run.returncode == 0, run.stderr[-2000:]
     grown = int(run.stdout.split()[-1]) * 1024
     assert grown < float32_bytes, f"reading in bfloat16 grew the process by {grown / 2**20:.0f} MiB"
+
+
+def test_a_models_weight_bytes_come_from_its_files_headers_in_the_dtype_it_is_read_in(tiny):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from toolself.models.weights import weights_bytes
+
+    parameters = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(str(tiny)).parameters())
+    assert weights_bytes(tiny, torch.bfloat16) == 2 * parameters
+    assert weights_bytes(tiny, torch.float32) == 4 * parameters
+
+
+def test_a_model_larger_than_the_gpus_free_memory_is_refused_before_it_is_read(tiny, monkeypatch):
+    import torch
+
+    from toolself.models.base import ModelError
+    from toolself.models.weights import load_weights, require_gpu_room, weights_bytes
+
+    needed = weights_bytes(tiny, torch.bfloat16)
+    monkeypatch.setattr("toolself.models.weights.default_device", lambda: "cuda")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (needed - 1, 24 << 30))
+    with pytest.raises(ModelError, match=r"for its weights in bfloat16, .*CUDA_VISIBLE_DEVICES="):
+        load_weights(str(tiny))  # on a CUDA-less torch, reading onto the GPU would fail otherwise
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (needed, 24 << 30))
+    require_gpu_room(tiny, torch.bfloat16, "cuda")

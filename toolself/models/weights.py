@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -147,6 +148,48 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
+STORED_ITEMSIZE = {"I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+def weights_bytes(directory: Path, dtype: Any) -> int | None:
+    """What a model's weights take once read in `dtype` (floating tensors cast to it, others as
+    stored), from its safetensors files' headers alone; None without safetensors files."""
+    from safetensors import safe_open
+
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                tensor = handle.get_slice(name)
+                stored = tensor.get_dtype()
+                numel = math.prod(tensor.get_shape())
+                floating = stored.startswith(("F", "BF"))
+                total += numel * (dtype.itemsize if floating else STORED_ITEMSIZE.get(stored, 8))
+    return total
+
+
+def require_gpu_room(directory: Path, dtype: Any, device: str) -> None:
+    """Refuse, before reading anything, a model whose weights exceed what the GPU has free:
+    otherwise the load runs out of memory part-way, after minutes of reading, with CUDA's
+    message (a vLLM server on the same GPU holds 90% of it while it runs)."""
+    import torch
+
+    from toolself.models.memory import gpu_free_bytes
+
+    needed = weights_bytes(directory, dtype)
+    free, total = gpu_free_bytes(device), torch.cuda.mem_get_info(device)[1]
+    if needed is not None and needed > free:
+        gib = 2**30
+        raise ModelError(f"{directory.name} needs {needed / gib:.1f} GiB of GPU memory for its weights in "
+                         f"{str(dtype).removeprefix('torch.')}, and {free / gib:.1f} of the GPU's {total / gib:.1f} "
+                         "GiB are free: free the GPU (another process may hold it), use a larger GPU or serve the "
+                         "model on several with vLLM (--tensor-parallel-size), or run it on the CPU "
+                         "(CUDA_VISIBLE_DEVICES=)")
+
+
 def _read_model(directory: Path, dtype, device: str):
     """A transformers directory's model on `device`. On a GPU, read straight onto it; on the
     CPU, its safetensors files read with `pread` into memory the model owns rather than mapped.
@@ -162,6 +205,7 @@ def _read_model(directory: Path, dtype, device: str):
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     if device != "cpu":
+        require_gpu_room(directory, dtype, device)
         return AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype, device_map=device)
     files = sorted(directory.glob("*.safetensors"))
     config = AutoConfig.from_pretrained(str(directory))
