@@ -170,7 +170,9 @@ def choose_kernels(args: Any, model_config: Any, longest: int, padding_free: boo
     liger, why_liger = choose_liger(args.use_liger_kernel, on_cuda, liger_installed())
     free = None
     if on_cuda and getattr(args, "auto_batch_size", False):
-        free = torch.cuda.mem_get_info(args.device)[0]  # this process's GPU, named, under a launcher
+        from toolself.models.memory import gpu_free_bytes
+
+        free = gpu_free_bytes(args.device)  # this process's GPU, named, under a launcher
     checkpointing = bool(getattr(args, "gradient_checkpointing", False))
     effective = args.per_device_train_batch_size * args.gradient_accumulation_steps
     if resumed_batch and effective % resumed_batch == 0:
