@@ -56,6 +56,14 @@ def test_flash_attention_is_chosen_where_it_runs_and_sdpa_elsewhere():
     assert K.choose_attention("eager", on_cuda=True, half=True, flash=True) == ("eager", "asked for")
 
 
+def test_flash_attention_is_passed_over_on_a_gpu_older_than_ampere_where_it_is_installed():
+    for capability in ((8, 0), (8, 9), (9, 0)):
+        assert K.choose_attention(None, on_cuda=True, half=True, flash=True, capability=capability)[0] == K.FLASH
+    for capability, name in (((7, 0), "sm_70"), ((7, 5), "sm_75")):  # V100, T4
+        attention, why = K.choose_attention(None, on_cuda=True, half=True, flash=True, capability=capability)
+        assert attention == K.SDPA and name in why
+
+
 def test_padding_free_follows_the_attention_kernel_unless_asked():
     assert K.choose_padding_free(None, K.FLASH)[0] is True
     assert K.choose_padding_free(None, K.FLEX)[0] is True

@@ -31,8 +31,8 @@ class KernelArguments:
     attn_implementation: str | None = field(
         default=None,
         metadata={"help": "Attention kernel: flash_attention_2, flex_attention (CUDA for training), sdpa or eager. "
-                          "Default (None): flash_attention_2 on a CUDA GPU in bf16/fp16 when flash-attn is "
-                          "installed, sdpa otherwise."},
+                          "Default (None): flash_attention_2 on a CUDA GPU of the Ampere generation or later in "
+                          "bf16/fp16 when flash-attn is installed, sdpa otherwise."},
     )
     auto_batch_size: bool = field(
         default=True,
@@ -66,16 +66,27 @@ def liger_installed() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
-def choose_attention(requested: str | None, on_cuda: bool, half: bool, flash: bool) -> tuple[str, str]:
+FLASH_CAPABILITY = (8, 0)  # flash-attn 2 runs on Ampere and later; it fails at the first forward below
+
+
+def choose_attention(requested: str | None, on_cuda: bool, half: bool, flash: bool,
+                     capability: tuple[int, int] | None = None) -> tuple[str, str]:
     """The attention kernel and why: the requested one, else flash-attention where it runs
-    (a CUDA GPU, 16-bit activations, the package installed), else SDPA."""
+    (a CUDA GPU of `capability` Ampere or later, 16-bit activations, the package installed), else
+    SDPA. A cluster's shared environment may hold flash-attn on nodes whose GPUs it cannot run
+    on (V100, T4), where a run resumes as readily as on the node it started on."""
     if requested:
         return requested, "asked for"
-    if on_cuda and half and flash:
-        return FLASH, "auto: CUDA, 16-bit, flash-attn installed"
     if not on_cuda:
         return SDPA, "auto: no CUDA GPU"
-    return SDPA, "auto: flash-attn not installed" if not flash else "auto: 32-bit activations (flash-attn needs 16)"
+    if not flash:
+        return SDPA, "auto: flash-attn not installed"
+    if capability is not None and capability < FLASH_CAPABILITY:
+        major, minor = capability
+        return SDPA, f"auto: flash-attn needs an Ampere or later GPU (sm_80), this one is sm_{major}{minor}"
+    if not half:
+        return SDPA, "auto: 32-bit activations (flash-attn needs 16)"
+    return FLASH, "auto: CUDA, 16-bit, flash-attn installed"
 
 
 def choose_padding_free(requested: bool | None, attention: str) -> tuple[bool, str]:
@@ -160,8 +171,9 @@ def choose_kernels(args: Any, model_config: Any, longest: int, padding_free: boo
 
     on_cuda = torch.cuda.is_available() and not getattr(args, "use_cpu", False)
     half = bool(args.bf16 or args.fp16)
+    capability = tuple(torch.cuda.get_device_capability(args.device)) if on_cuda else None
     attention, why_attention = choose_attention(getattr(args, "attn_implementation", None), on_cuda, half,
-                                                flash_attention_installed())
+                                                flash_attention_installed(), capability)
     if attention == FLEX and not on_cuda:
         raise ValueError("attn_implementation=flex_attention trains on a CUDA GPU only: PyTorch's flex attention "
                          "has no backward pass on a CPU (use sdpa)")
