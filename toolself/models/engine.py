@@ -251,6 +251,10 @@ class PrefixStore:
         with self._lock:
             self._entries.pop(key, None)
 
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -554,7 +558,7 @@ class Engine:
         self._threads: list[threading.Thread] = []
         self.stats = {"steps": 0, "step_rows": 0, "prefill_tokens": 0, "prefill_seconds": 0.0, "step_seconds": 0.0,
                       "max_rows": 0, "prefill_cpu_seconds": 0.0, "step_cpu_seconds": 0.0,
-                      "forced_tokens": 0, "step_tokens": 0}
+                      "forced_tokens": 0, "step_tokens": 0, "store_dropped_for_memory": 0}
 
     def submit(self, request: Request) -> concurrent.futures.Future:
         with self._cond:
@@ -710,20 +714,14 @@ class Engine:
             store_key = key  # this conversation continues that one (taken out of the store): replace it
         else:
             store_key = self.store.new_key()
-        new_ids = request.prompt_ids[reused:] + request.forced_ids
-        # Room for the reply too (what a lone row's batch needs, see `_Batch._relayout`).
-        room = len(new_ids) + request.max_tokens - len(request.forced_ids) + 16
-        cache = new_cache(self.num_layers, prefix_kv, self.kv_dtype, room=room, kv_shape=self.kv_shape,
-                          device=self.device)
-        prefix_kv = None  # copied: a taken entry is freed before the forward pass
-        chunked = self.prefill_chunk and len(new_ids) > self.chunked_above
-        chunk = self.prefill_chunk if chunked else len(new_ids)
-        for at in range(0, len(new_ids), chunk):
-            piece = new_ids[at : at + chunk]
-            positions = torch.arange(reused + at, reused + at + len(piece), device=self.device).unsqueeze(0)
-            out = self.model(input_ids=torch.tensor([piece], device=self.device), position_ids=positions,
-                             use_cache=True, logits_to_keep=1, **{self.cache_keyword: cache})
-            cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        held = [prefix_kv]  # emptied by the pass that copies it, so that a taken entry is freed before it runs
+        prefix_kv = None
+
+        def read_prompt():
+            start = reused if held else 0  # run again, it reads the whole prompt: the entry went with the store
+            return (start, *self._prefill_forward(request, start, held))
+
+        reused, out, cache = self._with_memory_retry(read_prompt)
         kv = [(layer.keys, layer.values) for layer in cache.layers]
         seq = _Sequence(request=request, fed=request.prompt_ids + request.forced_ids, cached_tokens=reused,
                         store_key=store_key, kv=kv, generated=list(request.forced_ids))
@@ -734,10 +732,45 @@ class Engine:
             seq.generator = torch.Generator().manual_seed(seed)
         bitmask = xgr.allocate_token_bitmask(1, self.vocab_size) if request.matcher is not None else None
         self._advance([seq], out.logits[:, -1, :], bitmask)
-        self.stats["prefill_tokens"] += len(new_ids)
+        self.stats["prefill_tokens"] += len(seq.fed) - reused
         self.stats["prefill_seconds"] += time.perf_counter() - start
         self.stats["prefill_cpu_seconds"] += time.thread_time() - cpu_start
         return seq
+
+    def _prefill_forward(self, request: Request, reused: int, held: list[KV | None]) -> tuple[Any, Cache]:
+        """The forward passes that read a prompt's tokens after the first `reused`, on top of
+        the cache of those `held` holds (taken from it): the last pass's output and the cache."""
+        new_ids = request.prompt_ids[reused:] + request.forced_ids
+        # Room for the reply too (what a lone row's batch needs, see `_Batch._relayout`).
+        room = len(new_ids) + request.max_tokens - len(request.forced_ids) + 16
+        cache = new_cache(self.num_layers, held.pop() if held else None, self.kv_dtype, room=room,
+                          kv_shape=self.kv_shape, device=self.device)
+        chunked = self.prefill_chunk and len(new_ids) > self.chunked_above
+        chunk = self.prefill_chunk if chunked else len(new_ids)
+        for at in range(0, len(new_ids), chunk):
+            piece = new_ids[at : at + chunk]
+            positions = torch.arange(reused + at, reused + at + len(piece), device=self.device).unsqueeze(0)
+            out = self.model(input_ids=torch.tensor([piece], device=self.device), position_ids=positions,
+                             use_cache=True, logits_to_keep=1, **{self.cache_keyword: cache})
+            cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        return out, cache
+
+    def _with_memory_retry(self, run: Callable[[], Any]) -> Any:
+        """`run()`, and once more if it ran out of memory while the store kept caches: they
+        are dropped and their memory handed back to the device first. The store is what the
+        engine holds that no episode needs (a session whose cache was dropped reads its context
+        again), where a failed pass fails its episodes. The second run is outside the handler,
+        so that the failed one's frames, and the tensors they held, are gone by then."""
+        try:
+            return run()
+        except torch.OutOfMemoryError:
+            if not len(self.store):
+                raise
+        self.store.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.stats["store_dropped_for_memory"] += 1
+        return run()
 
     def _step(self, batch: _Batch, bitmask) -> None:
         """One forward over the batch. A sequence decoding alone feeds every token it has not
@@ -748,12 +781,16 @@ class Engine:
         start, cpu_start = time.perf_counter(), time.thread_time()
         rows = batch.rows
         span = len(rows[0].unfed) if len(rows) == 1 else 1
-        cache, mask = batch.cache_for_step(span)
         feeds = [s.unfed[:span] for s in rows]
         tokens = torch.tensor(feeds, device=self.device)
         positions = torch.tensor([list(range(len(s.fed), len(s.fed) + span)) for s in rows], device=self.device)
-        out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, use_cache=True,
-                         logits_to_keep=1, **{self.cache_keyword: cache})
+
+        def forward():  # run again, binding the cache anew undoes what a failed pass wrote
+            cache, mask = batch.cache_for_step(span)
+            return self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, use_cache=True,
+                              logits_to_keep=1, **{self.cache_keyword: cache})
+
+        out = self._with_memory_retry(forward)
         batch.width += span
         for s, fed in zip(rows, feeds):
             s.fed.extend(fed)
