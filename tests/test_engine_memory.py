@@ -62,3 +62,31 @@ def test_a_pass_out_of_memory_with_no_cache_to_give_back_fails_its_request_and_t
     finally:
         hook.remove()
     assert model.complete(QUESTION).completion_token_ids
+
+
+def test_a_relayout_out_of_memory_as_an_episode_joins_drops_the_kept_caches_and_joins(model, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from toolself.models import engine
+
+    prompts = [[Message("user", f"Tell me about the year {1900 + i}.")] for i in range(2)]
+
+    def reply(i: int) -> list[int]:
+        return model.submit(prompts[i], max_tokens=40).result(timeout=120).completion_ids
+
+    alone = [reply(i) for i in range(2)]  # each leaves its cache in the store
+    allocate, failed = engine.kv_block, []
+
+    def kv_block(num_layers, rows, *args):
+        if rows > 1 and not failed:  # the batch's fresh buffers as the second episode joins
+            failed.append(rows)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return allocate(num_layers, rows, *args)
+
+    monkeypatch.setattr(engine, "kv_block", kv_block)
+    dropped = model.engine.stats["store_dropped_for_memory"]
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(reply, range(2)))
+    assert failed, "the two episodes never decoded together"
+    assert together == alone
+    assert model.engine.stats["store_dropped_for_memory"] == dropped + 1

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import functools
 import threading
 import time
 import weakref
@@ -469,20 +470,24 @@ class _Batch:
     def _relayout(self, joining: _Sequence | None) -> None:
         """Copy every row (and the joining sequence) into fresh buffers sized for them: as many
         rows as the next power of two holds (so a filling batch is laid out again only log2
-        times), and as many columns as the longest sequence can reach."""
+        times), and as many columns as the longest sequence can reach. Nothing changes before
+        the fresh buffers are allocated, so a relayout that ran out of memory can run again."""
         sources: list[tuple[_Sequence, KV]] = [(s, self._row_view(i)) for i, s in enumerate(self.rows)]
         if joining is not None:
             sources.append((joining, joining.kv))
-            joining.kv, buffers, joining.buffers = None, joining.buffers, None
         width = max(len(s.fed) for s, _ in sources)
         capacity = width + max(len(s.unfed) + s.remaining for s, _ in sources) + 16
+        buffers = joining.buffers if joining is not None else None
         if len(sources) == 1 and joining is not None and buffers and buffers[0][0].shape[-2] >= capacity:
+            joining.kv = joining.buffers = None
             self._adopt(joining, buffers)
             return
         rows = min(self.max_rows, 1 << (len(sources) - 1).bit_length())
         k0 = sources[0][1][0][0]
         heads, dim = k0.shape[1], k0.shape[3]
         block = kv_block(self.num_layers, rows, heads, capacity, dim, k0.dtype, k0.device)
+        if joining is not None:
+            joining.kv = joining.buffers = buffers = None  # its cache is freed with `sources`, once copied
         layers = []
         for li in range(self.num_layers):
             kbuf, vbuf = block[li, 0], block[li, 1]
@@ -673,7 +678,7 @@ class Engine:
                         self._decoding += 1 if seq is not None else 0
                 for seq in joining:
                     try:
-                        batch.join(seq)
+                        self._with_memory_retry(functools.partial(batch.join, seq))
                     except Exception as exc:
                         if not seq.request.future.done():
                             seq.request.future.set_exception(exc)
