@@ -54,9 +54,9 @@ def heed_ctrl_c() -> None:
 
 
 def interrupted(args: list[str], cwd: Path, ready: threading.Event | None = None, marker: str | None = None,
-                within: float = 60) -> subprocess.CompletedProcess:
-    """Start `python -m toolself ARGS`, send SIGINT once `ready` is set (or `marker` is in its
-    output), and return how it ended."""
+                within: float = 60, signum: int = signal.SIGINT) -> subprocess.CompletedProcess:
+    """Start `python -m toolself ARGS`, send SIGINT (or `signum`) once `ready` is set (or
+    `marker` is in its output), and return how it ended."""
     env = {k: v for k, v in os.environ.items() if k != "TOOLSELF_DEBUG"}
     process = subprocess.Popen([sys.executable, "-m", "toolself", *args], cwd=cwd, env=env, text=True,
                                preexec_fn=heed_ctrl_c,
@@ -76,7 +76,7 @@ def interrupted(args: list[str], cwd: Path, ready: threading.Event | None = None
         if not (ready or came).wait(within):
             process.kill()
             pytest.fail("the command never reached its model:\n" + "".join(seen) + process.stderr.read())
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         stderr = process.stderr.read()
         process.wait(60)
     finally:
@@ -120,6 +120,29 @@ def test_ctrl_c_during_train_rft_exits_130_with_the_command_that_resumes_it(tmp_
         ended = interrupted(args + ["--no-resume"], tmp_path, ready=stuck.asked)
     assert ended.returncode == EXIT_INTERRUPTED, ended.stderr
     assert resume_line(ended.stderr) == args + ["--resume"]
+
+
+def test_sigterm_during_eval_stops_it_as_ctrl_c_does_with_the_command_that_resumes_it(tmp_path, stuck):
+    with serving(ScriptedModel([], default=stuck)) as url:
+        args = ["eval", "--tasks", "builtin:research", "--limit", "1", "--model", f"openai:scripted@{url}",
+                "--out", str(tmp_path / "run")]
+        ended = interrupted(args, tmp_path, ready=stuck.asked, signum=signal.SIGTERM)
+    assert ended.returncode == EXIT_INTERRUPTED, ended.stderr
+    assert resume_line(ended.stderr) == args
+
+
+def test_sigterm_to_train_cat_reaches_the_process_of_its_step_and_exits_with_the_command_that_resumes_it(
+        tmp_path, stuck):
+    """A container runtime signals its first process only: `train cat`, whose step runs in a
+    process of its own."""
+    with serving(ScriptedModel([], default=stuck)) as url:
+        args = ["train", "cat", "--tasks", "builtin:research", "--limit", "1", "--teacher-samples", "1",
+                "--teacher", f"openai:scripted@{url}", "--out", str(tmp_path / "cat")]
+        ended = interrupted(args, tmp_path, ready=stuck.asked, signum=signal.SIGTERM)
+    assert ended.returncode == EXIT_INTERRUPTED, ended.stderr
+    assert resume_line(ended.stderr) == args
+    state = json.loads((tmp_path / "cat" / "state.json").read_text())
+    assert not state["steps"].get("collect_teacher", {}).get("done")
 
 
 @pytest.mark.slow

@@ -1,6 +1,8 @@
 """What a command does on Ctrl-C: keep what was done, say how to go on, exit with 130 (the
 shell's status for a process ended by SIGINT), so that a script can tell an interrupt from a
-failure.
+failure. SIGTERM, which a scheduler preempting a job, a container runtime stopping one or a
+plain `kill` sends, is taken as Ctrl-C by these commands; a trainer running when it arrives
+saves a checkpoint at the end of its step instead (`train.checkpoints.asked_to_stop`).
 
 `toolself run` appends the attempt so far, marked `interrupted`, to its output file. The
 commands whose work can be resumed (`eval`, `train rft | kto | cat | study`) print one line,
@@ -14,10 +16,12 @@ from __future__ import annotations
 
 import functools
 import shlex
+import signal
 import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 EXIT_INTERRUPTED = 130
 EXIT_STOPPED = 1
@@ -34,6 +38,29 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+@contextmanager
+def handling_signal(signum: int, handler: Callable[[int, Any], Any]) -> Iterator[None]:
+    """`handler` for `signum` inside the block, the handler before it afterwards. Signal handlers
+    belong to the main thread: elsewhere this changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def stop_signal_interrupts() -> Any:
+    """A block in which SIGTERM raises KeyboardInterrupt, as Ctrl-C does."""
+    return handling_signal(signal.SIGTERM, _interrupt)
+
+
 def resume_command(argv: list[str], resume_off: bool) -> str:
     """The command line that resumes a command run as `argv`: the same one, with `--resume`
     (in place of `--no-resume`) when the command's resume flag is off."""
@@ -45,13 +72,14 @@ def resume_command(argv: list[str], resume_off: bool) -> str:
 
 
 def say_how_to_resume(command: F) -> F:
-    """Decorates a resumable command: Ctrl-C ends it with status 130 and the resume line, a
+    """Decorates a resumable command: Ctrl-C (or SIGTERM) ends it with status 130 and the resume line, a
     `StoppedEarly` with status 1, its message and the resume line."""
 
     @functools.wraps(command)
     def resumable(*args, **kwargs):
         try:
-            return command(*args, **kwargs)
+            with stop_signal_interrupts():
+                return command(*args, **kwargs)
         except KeyboardInterrupt:
             _say(f"interrupted; to resume: {resume_command(sys.argv, kwargs.get('resume') is False)}")
             raise SystemExit(EXIT_INTERRUPTED) from None
@@ -69,7 +97,8 @@ def keeping_the_attempt(out: Path) -> Iterator[None]:
     from toolself.trajectory import write_jsonl
 
     try:
-        yield
+        with stop_signal_interrupts():
+            yield
     except KeyboardInterrupt as exc:
         trajectory = interrupted_attempt(exc)
         if trajectory is None:

@@ -464,8 +464,15 @@ def isolated(function: Callable[..., Any], *args: Any) -> Any:
     when it ends: trainers, frozen-layer caches and inference engines run one after another
     would otherwise pile up in one process until the machine pages or kills it
     (docs/notes/2026-12-03-one-process-per-pipeline-step.md). `function` and `args` must
-    pickle; the child prints its own progress, and its exception, if any, is raised here."""
+    pickle; the child prints its own progress, and its exception, if any, is raised here. A
+    SIGTERM sent here (a container runtime signals its first process only) is passed on to the
+    child, which stops as the command would (a trainer after checkpointing its step), and its
+    exception is raised here."""
     import multiprocessing
+    import os
+    import signal
+
+    from toolself.interrupts import handling_signal
 
     context = multiprocessing.get_context("spawn")  # a fork would inherit the parent's threads and heap
     receive, send = context.Pipe(duplex=False)
@@ -474,7 +481,8 @@ def isolated(function: Callable[..., Any], *args: Any) -> Any:
     child.start()
     send.close()
     try:
-        kind, payload = receive.recv()
+        with handling_signal(signal.SIGTERM, lambda signum, _frame: os.kill(child.pid, signum)):
+            kind, payload = receive.recv()
     except EOFError:
         child.join()
         killed = " (killed: out of memory?)" if child.exitcode == -9 else ""
@@ -489,8 +497,12 @@ def isolated(function: Callable[..., Any], *args: Any) -> Any:
 
 
 def _call_in_child(function: Callable[..., Any], args: tuple[Any, ...], send: Any) -> None:
+    from toolself.interrupts import stop_signal_interrupts
+
     try:
-        send.send(("result", function(*args)))
+        with stop_signal_interrupts():
+            result = function(*args)
+        send.send(("result", result))
     except BaseException as exc:
         import pickle
         import traceback
