@@ -109,6 +109,63 @@ def test_a_run_killed_mid_way_resumes_from_its_last_complete_checkpoint_and_ends
     assert not checkpoints.exists()
 
 
+def unclocked(out: Path) -> dict:
+    """`settings` without checkpoints by the clock: the one a SIGTERM asks for is the only one."""
+    return {**settings(out), "checkpoint_minutes": 60}
+
+
+# A run sent SIGTERM, as a scheduler preempting it would, once it has logged step TERMINATED_AT.
+TERMINATED_AT = 3
+TERMINATED_RUN = textwrap.dedent(f"""
+    import json, os, signal, sys
+    from datasets import load_from_disk
+    from transformers import TrainerCallback
+    import toolself.train.rft as R
+    from toolself.interrupts import StoppedEarly
+    from toolself.train.rft_config import RFTConfig
+
+    class Preempted(TrainerCallback):
+        def on_log(self, args, state, control, **kwargs):
+            if state.global_step == {TERMINATED_AT}:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    run_trainer = R.run_trainer
+    R.run_trainer = lambda trainer, *a, **k: (trainer.add_callback(Preempted()), run_trainer(trainer, *a, **k))[1]
+    data, model, out, config = sys.argv[1:]
+    try:
+        R.train_rft(load_from_disk(data), model, out, RFTConfig(**json.loads(config)))
+    except StoppedEarly as exc:
+        print(exc)
+        sys.exit(3)
+""")
+
+
+@pytest.mark.slow
+def test_a_run_sent_sigterm_checkpoints_the_step_it_is_in_stops_and_resumes_to_the_uninterrupted_end(
+        tmp_path, tiny, tiny_sft):
+    from toolself.train.rft import train_rft
+    from toolself.train.rft_config import RFTConfig
+
+    dataset, data_path = tiny_sft
+    whole = train_rft(dataset, tiny, tmp_path / "whole", RFTConfig(**unclocked(tmp_path / "whole")))
+
+    out = tmp_path / "preempted"
+    stopped = subprocess.run([sys.executable, "-c", TERMINATED_RUN, str(data_path), str(tiny), str(out),
+                              json.dumps(unclocked(out))], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert stopped.returncode == 3, stopped.stderr[-2000:]
+    step = TERMINATED_AT + 1  # the signal came after step 3 ended: step 4 is the one it was in
+    assert f"training stopped by SIGTERM at step {step}" in stopped.stdout
+    assert [p.name for p in (out / "checkpoints").glob("checkpoint-*")] == [f"checkpoint-{step}"]
+    assert not (out / "adapter_model.safetensors").exists()  # not a finished run
+
+    resumed = train_rft(dataset, tiny, out, RFTConfig(**unclocked(out)), resume=True)
+    assert resumed.extra["resumed_from_step"] == step and resumed.steps == STEPS
+    losses = [loss for _, loss in logged(out / "train_log.jsonl")]
+    assert losses == pytest.approx([loss for _, loss in logged(Path(whole.log))], rel=1e-5)
+    final, expected = adapter(out), adapter(tmp_path / "whole")
+    assert all(final[name].allclose(expected[name], rtol=1e-4, atol=1e-6) for name in expected)
+
+
 def test_the_newest_checkpoint_without_its_state_file_is_not_resumed_from(tmp_path):
     for step, complete in ((3, True), (7, True), (12, False)):
         folder = tmp_path / f"checkpoint-{step}"

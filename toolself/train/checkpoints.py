@@ -6,15 +6,23 @@ and how many steps it will take is not known when it is configured. So, unless a
 checkpoints by steps or epochs, one is taken every `checkpoint_minutes` of training, only the
 latest is kept, and it is removed once the final model is saved. Rerunning the command resumes
 from it (`--resume`, the default).
+
+And one when the run is asked to stop (`asked_to_stop`): a scheduler preempting a job sends
+SIGTERM and kills it some seconds later (Slurm after `KillWait`, 30 s by default; Kubernetes
+after the pod's grace period, 30 s), and a step of an 8B LoRA run takes a few seconds, so the
+run checkpoints at the end of the step it is in, stops, and the same command resumes it there.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import signal
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from transformers import TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME as STATE_FILE  # what the trainer writes last into a checkpoint
@@ -43,6 +51,43 @@ class TimedCheckpoints(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         self.last = time.monotonic()
+
+
+@dataclass
+class StopRequest:
+    """A stop signal seen during training (`signal`, its name), and the step the run then
+    checkpointed and ended at (`step`, on every process)."""
+
+    signal: str | None = None
+    step: int | None = None
+
+
+@contextmanager
+def asked_to_stop() -> Iterator[StopRequest]:
+    """A block in which SIGTERM does not stop the process but is recorded in the request that
+    `CheckpointWhenAskedToStop` reads at the end of each step."""
+    from toolself.interrupts import handling_signal
+
+    request = StopRequest()
+
+    def record(signum: int, _frame: Any) -> None:
+        request.signal = signal.Signals(signum).name
+
+    with handling_signal(signal.SIGTERM, record):
+        yield request
+
+
+class CheckpointWhenAskedToStop(TrainerCallback):
+    """At the end of the step in which a stop signal came (to process 0: a launcher passes it to
+    every process), saves a resumable checkpoint and ends training."""
+
+    def __init__(self, request: StopRequest):
+        self.request = request
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if same_on_every_process(self.request.signal is not None, args.device):
+            control.should_save = control.should_training_stop = True
+            self.request.step = state.global_step
 
 
 def same_on_every_process(flag: bool, device: Any) -> bool:

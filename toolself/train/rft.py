@@ -105,7 +105,9 @@ def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int,
     write `train_result.json`: the part RFT and KTO share."""
     from accelerate import PartialState
 
-    from toolself.train.checkpoints import TimedCheckpoints, remove_checkpoints, resumed_step, trim_log
+    from toolself.interrupts import StoppedEarly
+    from toolself.train.checkpoints import (CheckpointWhenAskedToStop, TimedCheckpoints, asked_to_stop,
+                                            remove_checkpoints, resumed_step, trim_log)
     from toolself.train.compact_head import use_compact_head
     from toolself.train.compiled_layers import compile_decoder_layers, should_compile
     from toolself.train.frozen_layers import cache_frozen_layers
@@ -128,8 +130,13 @@ def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int,
             trim_log(log_path, start_step)
             logger.info("resuming from %s", checkpoint)
     started = time.perf_counter()
-    output = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    with asked_to_stop() as stop:
+        trainer.add_callback(CheckpointWhenAskedToStop(stop))
+        output = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     seconds = time.perf_counter() - started
+    if stop.step is not None:
+        raise StoppedEarly(f"training stopped by {stop.signal or 'a stop signal'} at step {stop.step}, saved as a "
+                           f"checkpoint in {args.output_dir}: the same command resumes from it")
     trainer.save_model(str(out_dir))
     main = trainer.is_world_process_zero()
     result = TrainResult(output_dir=str(out_dir), adapter=not args.full_finetune, steps=output.global_step,
