@@ -19,7 +19,7 @@ import shlex
 import signal
 import sys
 import threading
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -56,7 +56,7 @@ def _interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def stop_signal_interrupts() -> Any:
+def stop_signal_interrupts() -> AbstractContextManager[None]:
     """A block in which SIGTERM raises KeyboardInterrupt, as Ctrl-C does."""
     return handling_signal(signal.SIGTERM, _interrupt)
 
@@ -72,8 +72,8 @@ def resume_command(argv: list[str], resume_off: bool) -> str:
 
 
 def say_how_to_resume(command: F) -> F:
-    """Decorates a resumable command: Ctrl-C (or SIGTERM) ends it with status 130 and the resume line, a
-    `StoppedEarly` with status 1, its message and the resume line."""
+    """Decorates a resumable command: Ctrl-C (or SIGTERM) ends it with status 130 and the resume
+    line, a `StoppedEarly` with status 1, its message and the resume line."""
 
     @functools.wraps(command)
     def resumable(*args, **kwargs):
