@@ -122,11 +122,12 @@ def test_ctrl_c_during_train_rft_exits_130_with_the_command_that_resumes_it(tmp_
     assert resume_line(ended.stderr) == args + ["--resume"]
 
 
-def test_sigterm_during_eval_stops_it_as_ctrl_c_does_with_the_command_that_resumes_it(tmp_path, stuck):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+def test_a_stop_signal_during_eval_stops_it_as_ctrl_c_does_with_the_command_that_resumes_it(tmp_path, stuck, stop):
     with serving(ScriptedModel([], default=stuck)) as url:
         args = ["eval", "--tasks", "builtin:research", "--limit", "1", "--model", f"openai:scripted@{url}",
                 "--out", str(tmp_path / "run")]
-        ended = interrupted(args, tmp_path, ready=stuck.asked, signum=signal.SIGTERM)
+        ended = interrupted(args, tmp_path, ready=stuck.asked, signum=stop)
     assert ended.returncode == EXIT_INTERRUPTED, ended.stderr
     assert resume_line(ended.stderr) == args
 

@@ -114,7 +114,7 @@ def unclocked(out: Path) -> dict:
     return {**settings(out), "checkpoint_minutes": 60}
 
 
-# A run sent SIGTERM, as a scheduler preempting it would, once it has logged step TERMINATED_AT.
+# A run sent a stop signal, as a scheduler preempting it would, once it has logged step TERMINATED_AT.
 TERMINATED_AT = 3
 TERMINATED_RUN = textwrap.dedent(f"""
     import json, os, signal, sys
@@ -127,7 +127,7 @@ TERMINATED_RUN = textwrap.dedent(f"""
     class Preempted(TrainerCallback):
         def on_log(self, args, state, control, **kwargs):
             if state.global_step == {TERMINATED_AT}:
-                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signal.Signals[os.environ["STOP_SIGNAL"]])
 
     run_trainer = R.run_trainer
     R.run_trainer = lambda trainer, *a, **k: (trainer.add_callback(Preempted()), run_trainer(trainer, *a, **k))[1]
@@ -141,8 +141,9 @@ TERMINATED_RUN = textwrap.dedent(f"""
 
 
 @pytest.mark.slow
-def test_a_run_sent_sigterm_checkpoints_the_step_it_is_in_stops_and_resumes_to_the_uninterrupted_end(
-        tmp_path, tiny, tiny_sft):
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGUSR1"])
+def test_a_run_sent_a_stop_signal_checkpoints_the_step_it_is_in_stops_and_resumes_to_the_uninterrupted_end(
+        tmp_path, tiny, tiny_sft, stop):
     from toolself.train.rft import train_rft
     from toolself.train.rft_config import RFTConfig
 
@@ -151,10 +152,11 @@ def test_a_run_sent_sigterm_checkpoints_the_step_it_is_in_stops_and_resumes_to_t
 
     out = tmp_path / "preempted"
     stopped = subprocess.run([sys.executable, "-c", TERMINATED_RUN, str(data_path), str(tiny), str(out),
-                              json.dumps(unclocked(out))], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                              json.dumps(unclocked(out))], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "STOP_SIGNAL": stop})
     assert stopped.returncode == 3, stopped.stderr[-2000:]
     step = TERMINATED_AT + 1  # the signal came after step 3 ended: step 4 is the one it was in
-    assert f"training stopped by SIGTERM at step {step}" in stopped.stdout
+    assert f"training stopped by {stop} at step {step}" in stopped.stdout
     assert [p.name for p in (out / "checkpoints").glob("checkpoint-*")] == [f"checkpoint-{step}"]
     assert not (out / "adapter_model.safetensors").exists()  # not a finished run
 

@@ -1,8 +1,10 @@
 """What a command does on Ctrl-C: keep what was done, say how to go on, exit with 130 (the
 shell's status for a process ended by SIGINT), so that a script can tell an interrupt from a
-failure. SIGTERM, which a scheduler preempting a job, a container runtime stopping one or a
-plain `kill` sends, is taken as Ctrl-C by these commands; a trainer running when it arrives
-saves a checkpoint at the end of its step instead (`train.checkpoints.asked_to_stop`).
+failure. The stop signals (`STOP_SIGNALS`) are taken as Ctrl-C by these commands: SIGTERM,
+which a scheduler preempting a job, a container runtime stopping one or a plain `kill` sends,
+and SIGUSR1, which Slurm sends ahead of a job's time limit when asked (`--signal=USR1@90`) and
+which would otherwise end the process at once. A trainer running when one arrives saves a
+checkpoint at the end of its step instead (`train.checkpoints.asked_to_stop`).
 
 `toolself run` appends the attempt so far, marked `interrupted`, to its output file. The
 commands whose work can be resumed (`eval`, `train rft | kto | cat | study`) print one line,
@@ -38,18 +40,22 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
 @contextmanager
-def handling_signal(signum: int, handler: Callable[[int, Any], Any]) -> Iterator[None]:
-    """`handler` for `signum` inside the block, the handler before it afterwards. Signal handlers
-    belong to the main thread: elsewhere this changes nothing."""
+def handling_stop_signals(handler: Callable[[int, Any], Any]) -> Iterator[None]:
+    """`handler` for the stop signals inside the block, the handlers before it afterwards. Signal
+    handlers belong to the main thread: elsewhere this changes nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signum, handler)
+    previous = {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signum, previous)
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 def _interrupt(signum: int, _frame: Any) -> None:
@@ -57,8 +63,8 @@ def _interrupt(signum: int, _frame: Any) -> None:
 
 
 def stop_signal_interrupts() -> AbstractContextManager[None]:
-    """A block in which SIGTERM raises KeyboardInterrupt, as Ctrl-C does."""
-    return handling_signal(signal.SIGTERM, _interrupt)
+    """A block in which a stop signal raises KeyboardInterrupt, as Ctrl-C does."""
+    return handling_stop_signals(_interrupt)
 
 
 def resume_command(argv: list[str], resume_off: bool) -> str:
@@ -72,8 +78,8 @@ def resume_command(argv: list[str], resume_off: bool) -> str:
 
 
 def say_how_to_resume(command: F) -> F:
-    """Decorates a resumable command: Ctrl-C (or SIGTERM) ends it with status 130 and the resume
-    line, a `StoppedEarly` with status 1, its message and the resume line."""
+    """Decorates a resumable command: Ctrl-C (or a stop signal) ends it with status 130 and the
+    resume line, a `StoppedEarly` with status 1, its message and the resume line."""
 
     @functools.wraps(command)
     def resumable(*args, **kwargs):

@@ -9,8 +9,9 @@ from it (`--resume`, the default).
 
 And one when the run is asked to stop (`asked_to_stop`): a scheduler preempting a job sends
 SIGTERM and kills it some seconds later (Slurm after `KillWait`, 30 s by default; Kubernetes
-after the pod's grace period, 30 s), and a step of an 8B LoRA run takes a few seconds, so the
-run checkpoints at the end of the step it is in, stops, and the same command resumes it there.
+after the pod's grace period, 30 s), or SIGUSR1 ahead of its time limit when asked, and a step
+of an 8B LoRA run takes a few seconds, so the run checkpoints at the end of the step it is in,
+stops, and the same command resumes it there.
 """
 
 from __future__ import annotations
@@ -64,16 +65,16 @@ class StopRequest:
 
 @contextmanager
 def asked_to_stop() -> Iterator[StopRequest]:
-    """A block in which SIGTERM does not stop the process but is recorded in the request that
-    `CheckpointWhenAskedToStop` reads at the end of each step."""
-    from toolself.interrupts import handling_signal
+    """A block in which a stop signal (`interrupts.STOP_SIGNALS`) does not stop the process but
+    is recorded in the request that `CheckpointWhenAskedToStop` reads at the end of each step."""
+    from toolself.interrupts import handling_stop_signals
 
     request = StopRequest()
 
     def record(signum: int, _frame: Any) -> None:
         request.signal = signal.Signals(signum).name
 
-    with handling_signal(signal.SIGTERM, record):
+    with handling_stop_signals(record):
         yield request
 
 

@@ -465,14 +465,13 @@ def isolated(function: Callable[..., Any], *args: Any) -> Any:
     would otherwise pile up in one process until the machine pages or kills it
     (docs/notes/2026-12-03-one-process-per-pipeline-step.md). `function` and `args` must
     pickle; the child prints its own progress, and its exception, if any, is raised here. A
-    SIGTERM sent here (a container runtime signals its first process only) is passed on to the
-    child, which stops as the command would (a trainer after checkpointing its step), and its
-    exception is raised here."""
+    stop signal sent here (a container runtime signals its first process only) is passed on to
+    the child, which stops as the command would (a trainer after checkpointing its step), and
+    its exception is raised here."""
     import multiprocessing
     import os
-    import signal
 
-    from toolself.interrupts import handling_signal
+    from toolself.interrupts import handling_stop_signals
 
     context = multiprocessing.get_context("spawn")  # a fork would inherit the parent's threads and heap
     receive, send = context.Pipe(duplex=False)
@@ -481,7 +480,7 @@ def isolated(function: Callable[..., Any], *args: Any) -> Any:
     child.start()
     send.close()
     try:
-        with handling_signal(signal.SIGTERM, lambda signum, _frame: os.kill(child.pid, signum)):
+        with handling_stop_signals(lambda signum, _frame: os.kill(child.pid, signum)):
             kind, payload = receive.recv()
     except EOFError:
         child.join()
