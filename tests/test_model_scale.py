@@ -175,12 +175,12 @@ def test_a_gpu_without_room_for_one_whole_episode_says_so_and_how_to_get_it(monk
 
 
 def test_memory_torchs_allocator_holds_unused_counts_as_free_for_the_plan(monkeypatch):
-    from toolself.models.memory import gpu_free_bytes
+    from toolself.models.memory import gpu_memory
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (20 * GIB, 80 * GIB))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 30 * GIB)  # a trainer's, freed
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 16 * GIB)  # the loaded weights
-    assert gpu_free_bytes("cuda") == 34 * GIB
+    assert gpu_memory("cuda") == (34 * GIB, 80 * GIB)
 
 
 def test_the_engine_decodes_as_many_rows_as_its_plan_allows_and_logs_why(tiny, monkeypatch, caplog):

@@ -79,14 +79,14 @@ class EnginePlan:
     note: str = ""  # what the user should know: fewer rows than asked, or no room for one whole episode
 
 
-def gpu_free_bytes(device: Any) -> int:
-    """What a GPU can still give this process: its free memory and the blocks torch's caching
-    allocator holds unused (a model or a trainer freed earlier in the process leaves them reserved,
-    and the driver counts them as taken)."""
+def gpu_memory(device: Any) -> tuple[int, int]:
+    """(what a GPU can still give this process, its total memory) in bytes. What it can give is
+    its free memory and the blocks torch's caching allocator holds unused (a model or a trainer
+    freed earlier in the process leaves them reserved, and the driver counts them as taken)."""
     import torch
 
-    free, _ = torch.cuda.mem_get_info(device)
-    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    free, total = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device), total
 
 
 def batch_peak_bytes(rows: int, session_bytes: int) -> int:
@@ -134,12 +134,9 @@ def engine_plan(model: Any, kv_dtype: Any, max_batch: int, reply_tokens: int) ->
     so there the batch is what fits rather than a failed step."""
     if model.device.type != "cuda":
         return EnginePlan(max_batch, CPU_PREFIX_STORE_BYTES)
-    import torch
-
     from toolself.models.scale import LARGE_MODEL, SMALL_MODEL, is_large
 
     budget = (LARGE_MODEL if is_large(model.config.to_dict()) else SMALL_MODEL).context_budget + reply_tokens
     session_tokens = min(int(getattr(model.config, "max_position_embeddings", budget)), budget)
-    total = torch.cuda.mem_get_info(model.device)[1]
-    return gpu_plan(kv_bytes_per_token(model, kv_dtype), max_batch, session_tokens, gpu_free_bytes(model.device),
-                    total)
+    free, total = gpu_memory(model.device)
+    return gpu_plan(kv_bytes_per_token(model, kv_dtype), max_batch, session_tokens, free, total)

@@ -175,12 +175,10 @@ def require_gpu_room(directory: Path, dtype: Any, device: str) -> None:
     """Refuse, before reading anything, a model whose weights exceed what the GPU has free:
     otherwise the load runs out of memory part-way, after minutes of reading, with CUDA's
     message (a vLLM server on the same GPU holds 90% of it while it runs)."""
-    import torch
-
-    from toolself.models.memory import gpu_free_bytes
+    from toolself.models.memory import gpu_memory
 
     needed = weights_bytes(directory, dtype)
-    free, total = gpu_free_bytes(device), torch.cuda.mem_get_info(device)[1]
+    free, total = gpu_memory(device)
     if needed is not None and needed > free:
         gib = 2**30
         raise ModelError(f"{directory.name} needs {needed / gib:.1f} GiB of GPU memory for its weights in "

@@ -182,9 +182,9 @@ def choose_kernels(args: Any, model_config: Any, longest: int, padding_free: boo
     liger, why_liger = choose_liger(args.use_liger_kernel, on_cuda, liger_installed())
     free = None
     if on_cuda and getattr(args, "auto_batch_size", False):
-        from toolself.models.memory import gpu_free_bytes
+        from toolself.models.memory import gpu_memory
 
-        free = gpu_free_bytes(args.device)  # this process's GPU, named, under a launcher
+        free = gpu_memory(args.device)[0]  # this process's GPU, named, under a launcher
     checkpointing = bool(getattr(args, "gradient_checkpointing", False))
     effective = args.per_device_train_batch_size * args.gradient_accumulation_steps
     if resumed_batch and effective % resumed_batch == 0:
