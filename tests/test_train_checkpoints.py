@@ -202,7 +202,7 @@ def test_runs_that_ask_for_step_or_epoch_checkpoints_keep_them_and_get_no_clock(
 AGREEMENT = textwrap.dedent("""
     import sys
     import torch.distributed as dist
-    from toolself.train.checkpoints import same_on_every_process
+    from toolself.train.collective import same_on_every_process
 
     rank, world, due = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "due"
     dist.init_process_group("gloo", init_method=sys.argv[4], rank=rank, world_size=world)

@@ -30,6 +30,7 @@ from transformers.trainer import TRAINER_STATE_NAME as STATE_FILE  # what the tr
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from toolself.evals.records import atomic_write_lines
+from toolself.train.collective import same_on_every_process
 
 PREFIX = PREFIX_CHECKPOINT_DIR + "-"
 
@@ -89,19 +90,6 @@ class CheckpointWhenAskedToStop(TrainerCallback):
         if same_on_every_process(self.request.signal is not None, args.device):
             control.should_save = control.should_training_stop = True
             self.request.step = state.global_step
-
-
-def same_on_every_process(flag: bool, device: Any) -> bool:
-    """Process 0's `flag`, on every process. Saving is collective (ZeRO and FSDP gather their
-    shards to save), so processes whose clocks disagreed would wait for each other forever."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flag
-    value = torch.tensor([int(flag)], device=device)
-    dist.broadcast(value, src=0)
-    return bool(value.item())
 
 
 def checkpoint_step(folder: Path) -> int | None:

@@ -51,7 +51,7 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: CAT
     from toolself.train.lora import load_base
     from toolself.train.merge import prepare_base
     from toolself.train.reruns import run_definition, start_point
-    from toolself.train.trainlog import CountingCollator, JsonlLog
+    from toolself.train.trainlog import JsonlLog, TokenCounter
     from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
 
     if len(dataset) < 2:
@@ -91,12 +91,12 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: CAT
                           why_length_grouped="off: TRL's KTO trainer samples its decisions in order (each one's KL "
                                              "completion is paired with it before training)",
                           resumed_batch=resumed_micro_batch(start.checkpoint))
-    collator = CountingCollator(DataCollatorForUnpairedPreference(pad_token_id=tokenizer.pad_token_id,
-                                                                  max_length=config.max_length))
-    log = JsonlLog(log_path, collator, stage="kto",
+    collator = DataCollatorForUnpairedPreference(pad_token_id=tokenizer.pad_token_id, max_length=config.max_length)
+    counter = TokenCounter()
+    log = JsonlLog(log_path, counter, stage="kto",
                    extra={"examples": len(dataset), "base": str(base), "weights": weights.to_dict(),
                           "kernels": kernels.to_dict()})
     trainer = PretokenizedKTOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                                      data_collator=collator, peft_config=config.peft_config(model), callbacks=[log])
-    return run_trainer(trainer, collator, out_dir, log_path, len(dataset), start,
+    return run_trainer(trainer, counter, out_dir, log_path, len(dataset), start,
                        extra={"weights": weights.to_dict(), "base": str(base), "kernels": kernels.to_dict()})

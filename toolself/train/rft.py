@@ -58,7 +58,7 @@ def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTC
     from toolself.train.lora import load_base
     from toolself.train.merge import prepare_base
     from toolself.train.reruns import run_definition, start_point
-    from toolself.train.trainlog import CountingCollator, JsonlLog
+    from toolself.train.trainlog import JsonlLog, TokenCounter
 
     if len(dataset) == 0:
         raise ValueError("the RFT dataset is empty: no successful trajectory to learn from")
@@ -82,13 +82,13 @@ def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTC
     model, tokenizer = load_base(base)
     kernels = use_kernels(model, config, max(map(len, dataset["input_ids"])), config.padding_free,
                           length_grouped=config.length_grouped, resumed_batch=resumed_micro_batch(start.checkpoint))
-    collator = CountingCollator(DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id,
-                                                                padding_free=kernels.padding_free))
-    log = JsonlLog(log_path, collator, stage="rft",
+    collator = DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id, padding_free=kernels.padding_free)
+    counter = TokenCounter()
+    log = JsonlLog(log_path, counter, stage="rft",
                    extra={"examples": len(dataset), "base": str(base), "kernels": kernels.to_dict()})
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                          data_collator=collator, peft_config=config.peft_config(model), callbacks=[log])
-    return run_trainer(trainer, collator, out_dir, log_path, len(dataset), start, extra={"kernels": kernels.to_dict()})
+    return run_trainer(trainer, counter, out_dir, log_path, len(dataset), start, extra={"kernels": kernels.to_dict()})
 
 
 def finished_result(saved: dict[str, Any]) -> TrainResult:
@@ -99,10 +99,10 @@ def finished_result(saved: dict[str, Any]) -> TrainResult:
     return result
 
 
-def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int, start: StartPoint,
+def run_trainer(trainer, counter, out_dir: Path, log_path: Path, examples: int, start: StartPoint,
                 extra: dict[str, Any] | None = None) -> TrainResult:
     """Train (from `start`'s checkpoint, when resuming), save the model and its tokenizer, and
-    write `train_result.json`: the part RFT and KTO share."""
+    write `train_result.json` with the tokens `counter` counted: the part RFT and KTO share."""
     from accelerate import PartialState
 
     from toolself.interrupts import StoppedEarly
@@ -118,6 +118,7 @@ def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int,
     if compiled:
         compile_decoder_layers(trainer.model)  # first: the frozen-layer cache wraps the compiled layers
     frozen = cache_frozen_layers(trainer.model) if getattr(args, "cache_frozen_layers", False) else None
+    counter.watch(trainer)
     timed = bool(getattr(args, "checkpoint_minutes", 0)) and args.save_strategy == "no"
     if timed:
         trainer.add_callback(TimedCheckpoints(args.checkpoint_minutes))
@@ -139,9 +140,10 @@ def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int,
                            f"checkpoint in {args.output_dir}: the same command resumes from it")
     trainer.save_model(str(out_dir))
     main = trainer.is_world_process_zero()
+    counted = counter.summed(args.device)
     result = TrainResult(output_dir=str(out_dir), adapter=not args.full_finetune, steps=output.global_step,
-                         train_loss=output.training_loss, tokens=collator.tokens, seconds=round(seconds, 3),
-                         tokens_per_second=round(collator.tokens / seconds, 2) if seconds and main else 0.0,
+                         train_loss=output.training_loss, tokens=counted.tokens, seconds=round(seconds, 3),
+                         tokens_per_second=round(counted.tokens / seconds, 2) if seconds and main else 0.0,
                          examples=examples, log=str(log_path), extra=dict(extra or {}) if main else {})
     if main:
         result.extra["compiled_layers"] = why
@@ -149,10 +151,10 @@ def run_trainer(trainer, collator, out_dir: Path, log_path: Path, examples: int,
             result.extra["resumed_from_step"] = start_step
         if start.compute_changes:
             result.extra["resumed_with_other_compute"] = start.compute_changes
-        if collator.kl_tokens:  # counted during training: KTO's mismatched pairs
-            result.extra["kl_tokens"] = collator.kl_tokens
-        elif collator.slots:  # RFT: how much of its batches was sequence, not padding
-            result.extra["padding_efficiency"] = round(collator.tokens / collator.slots, 4)
+        if counted.kl_tokens:  # counted during training: KTO's mismatched pairs
+            result.extra["kl_tokens"] = counted.kl_tokens
+        elif counted.slots:  # RFT: how much of its batches was sequence, not padding
+            result.extra["padding_efficiency"] = round(counted.tokens / counted.slots, 4)
         if frozen is not None:
             result.extra["frozen_layer_cache"] = frozen.stats()
             logger.info("frozen-layer cache: %s", frozen.stats())

@@ -1,0 +1,41 @@
+"""What the processes of a launched training run (torchrun, accelerate launch) must agree on.
+
+Every function here is a collective: each process of the run calls it at the same point, or
+the run waits forever. Alone (no process group, or a group of one) they cost nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _several_processes() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def same_on_every_process(flag: bool, device: Any) -> bool:
+    """Process 0's `flag`, on every process. Saving is collective (ZeRO and FSDP gather their
+    shards to save), so processes whose clocks disagreed would wait for each other forever."""
+    if not _several_processes():
+        return flag
+    import torch
+    import torch.distributed as dist
+
+    value = torch.tensor([int(flag)], device=device)
+    dist.broadcast(value, src=0)
+    return bool(value.item())
+
+
+def summed_over_processes(counts: list[int], device: Any) -> list[int]:
+    """Each of `counts` summed over the processes: each process sees only its shard of every
+    batch, and shards differ in length, so one process's count times their number is not the run's."""
+    if not _several_processes():
+        return list(counts)
+    import torch
+    import torch.distributed as dist
+
+    values = torch.tensor(counts, dtype=torch.int64, device=device)
+    dist.all_reduce(values)
+    return [int(v) for v in values.tolist()]
