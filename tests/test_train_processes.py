@@ -9,11 +9,14 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("trl")
+
+from ports import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,3 +100,50 @@ def test_two_processes_train_and_count_what_one_process_does_with_the_same_effec
     trained, expected = load_file(str(tmp_path / "two" / "adapter_model.safetensors")), \
         load_file(str(tmp_path / "one" / "adapter_model.safetensors"))
     assert all(trained[name].allclose(expected[name], rtol=1e-4, atol=1e-6) for name in expected)
+
+
+# One process of a launched run on a GPU node, its GPU faked: CUDA there, with `free` GiB free.
+CHOOSER = textwrap.dedent("""
+    import json, sys
+    from types import SimpleNamespace
+    import torch
+    import torch.distributed as dist
+    import toolself.models.memory as memory
+    from toolself.train import kernels as K
+
+    rank, free, address = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+    torch.cuda.is_available = lambda: True
+    torch.cuda.get_device_capability = lambda device=None: (9, 0)
+    memory.gpu_memory = lambda device: (int(free * 2**30), 80 * 2**30)
+    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=2)
+    args = SimpleNamespace(attn_implementation=None, bf16=True, fp16=False, use_liger_kernel=None, use_cpu=False,
+                           device=torch.device("cpu"), auto_batch_size=True, gradient_checkpointing=True,
+                           per_device_train_batch_size=1, gradient_accumulation_steps=8,
+                           train_sampling_strategy="random")
+    shape = SimpleNamespace(**json.loads(sys.argv[4]))
+    choice = K.choose_kernels(args, shape, longest=4096, padding_free=None)
+    print(json.dumps([choice.batch_size, choice.accumulation, choice.why["batch_size"]]))
+    dist.destroy_process_group()
+""")
+QWEN3_8B = {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36}
+
+
+def test_every_process_splits_the_effective_batch_as_the_fullest_gpu_allows():
+    """GPU 0 of a node often holds more than the others (a stray CUDA context, a server's
+    leftovers). Each process chose its micro-batch from its own GPU's free memory, so process 0
+    accumulated over more micro-batches than process 1, and their collectives, which pair up by
+    count, no longer met: such a run (1 x 4 beside 4 x 1, on gloo) hung in its first step."""
+    from toolself.train import kernels as K
+
+    per_token = K.activation_bytes_per_token(SimpleNamespace(**QWEN3_8B), checkpointing=True)
+    alone = {free: K.choose_batch(1, 8, 4096, int(free * 2**30), per_token)[:2] for free in (8, 70)}
+    assert alone[8] != alone[70]  # the two GPUs alone would split the batch differently
+    address = f"tcp://127.0.0.1:{free_port()}"
+    processes = [subprocess.Popen([sys.executable, "-c", CHOOSER, str(rank), str(free), address,
+                                   json.dumps(QWEN3_8B)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for rank, free in enumerate((8, 70))]
+    answers = [p.communicate(timeout=120) for p in processes]
+    assert all(p.returncode == 0 for p in processes), [err[-2000:] for _, err in answers]
+    chosen = [json.loads(out) for out, _ in answers]
+    assert [(batch, steps) for batch, steps, _ in chosen] == [alone[8]] * 2
+    assert all("8.0 GiB free on the fullest of 2 GPUs" in why for _, _, why in chosen)

@@ -39,3 +39,21 @@ def summed_over_processes(counts: list[int], device: Any) -> list[int]:
     values = torch.tensor(counts, dtype=torch.int64, device=device)
     dist.all_reduce(values)
     return [int(v) for v in values.tolist()]
+
+
+def least_over_processes(value: int, device: Any) -> int:
+    """The smallest of the processes' `value`s, on every process."""
+    if not _several_processes():
+        return value
+    import torch
+    import torch.distributed as dist
+
+    least = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(least, op=dist.ReduceOp.MIN)
+    return int(least.item())
+
+
+def process_count() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

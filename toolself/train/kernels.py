@@ -17,6 +17,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolself.train.collective import least_over_processes, process_count
+
 logger = logging.getLogger(__name__)
 
 FLASH = "flash_attention_2"
@@ -140,11 +142,12 @@ def activation_bytes_per_token(config: Any, checkpointing: bool, dtype_bytes: in
 
 
 def choose_batch(batch: int, accumulation: int, longest: int, free_bytes: int | None, per_token: int,
-                 headroom: float = 0.6, minimum: int = 1) -> tuple[int, int, str]:
+                 headroom: float = 0.6, minimum: int = 1, gpus: int = 1) -> tuple[int, int, str]:
     """(micro-batch, accumulation steps, why): the largest divisor of the effective batch
     (batch x accumulation) whose longest sequences fit in `headroom` of the free memory, with
     the accumulation steps that keep the effective batch exactly; never below `minimum` (KTO's
-    KL estimate pairs sequences within a micro-batch). No free-memory figure: as given."""
+    KL estimate pairs sequences within a micro-batch). No free-memory figure: as given. `gpus`:
+    how many processes' GPUs `free_bytes` is the least of, for the reason given."""
     if free_bytes is None:
         return batch, accumulation, "as configured (no CUDA memory figure)"
     effective = batch * accumulation
@@ -154,9 +157,10 @@ def choose_batch(batch: int, accumulation: int, longest: int, free_bytes: int | 
         return batch, accumulation, f"as configured (no micro-batch of at least {minimum} divides {effective})"
     chosen = max(divisors)
     steps = effective // chosen
-    return chosen, steps, (f"from free memory: {free_bytes / 2**30:.1f} GiB free, ~{per_token / 2**10:.0f} KiB per "
-                           f"token, sequences up to {longest} tokens: {fits} fit; effective batch {effective} kept as "
-                           f"{chosen} x {steps}")
+    where = f" on the fullest of {gpus} GPUs" if gpus > 1 else ""
+    return chosen, steps, (f"from free memory: {free_bytes / 2**30:.1f} GiB free{where}, ~{per_token / 2**10:.0f} KiB "
+                           f"per token, sequences up to {longest} tokens: {fits} fit; effective batch {effective} kept "
+                           f"as {chosen} x {steps}")
 
 
 def choose_kernels(args: Any, model_config: Any, longest: int, padding_free: bool | None,
@@ -184,7 +188,9 @@ def choose_kernels(args: Any, model_config: Any, longest: int, padding_free: boo
     if on_cuda and getattr(args, "auto_batch_size", False):
         from toolself.models.memory import gpu_memory
 
-        free = gpu_memory(args.device)[0]  # this process's GPU, named, under a launcher
+        # Every process of a launched run must split the effective batch alike: their collectives
+        # pair up by count, and two processes that split it 1 x 4 and 4 x 1 hung in their first step.
+        free = least_over_processes(gpu_memory(args.device)[0], args.device)
     checkpointing = bool(getattr(args, "gradient_checkpointing", False))
     effective = args.per_device_train_batch_size * args.gradient_accumulation_steps
     if resumed_batch and effective % resumed_batch == 0:
@@ -193,7 +199,7 @@ def choose_kernels(args: Any, model_config: Any, longest: int, padding_free: boo
     else:
         batch, steps, why_batch = choose_batch(args.per_device_train_batch_size, args.gradient_accumulation_steps,
                                                longest, free, activation_bytes_per_token(model_config, checkpointing),
-                                               minimum=min_batch)
+                                               minimum=min_batch, gpus=process_count())
     grouped, why_grouped = choose_length_grouping(length_grouped, packed, batch,
                                                   getattr(args, "train_sampling_strategy", "random"))
     return KernelChoice(attention, packed, liger, batch, steps, grouped,
