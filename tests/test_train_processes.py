@@ -147,3 +147,60 @@ def test_every_process_splits_the_effective_batch_as_the_fullest_gpu_allows():
     chosen = [json.loads(out) for out, _ in answers]
     assert [(batch, steps) for batch, steps, _ in chosen] == [alone[8]] * 2
     assert all("8.0 GiB free on the fullest of 2 GPUs" in why for _, _, why in chosen)
+
+
+# FSDP2 over two processes on gloo, adapters on the top two layers; process 0's second batch is
+# its first again (a hit in the frozen-layer cache), process 1's is new (a miss).
+SHARDED = textwrap.dedent("""
+    import json, sys
+    import torch
+    import torch.distributed as dist
+    from peft import LoraConfig, get_peft_model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForCausalLM
+    from toolself.train.frozen_layers import cache_frozen_layers
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+    model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], layers_to_transform=[2, 3]))
+    mesh = init_device_mesh("cpu", (2,))
+    for layer in model.base_model.model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.train()
+    cache = cache_frozen_layers(model) if sys.argv[2] == "cache" else None
+    generator = torch.Generator().manual_seed(1)
+    a, b, c = (torch.randint(0, 1000, (1, 32), generator=generator) for _ in range(3))
+    losses = []
+    for ids in ([a, a] if rank == 0 else [b, c]):
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        losses.append(loss.item())
+    stats = cache.stats() if cache else {}
+    with open(f"{sys.argv[3]}/{rank}.json", "w") as f:
+        json.dump({"losses": losses, "hits": stats.get("hits"), "misses": stats.get("misses")}, f)
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.slow
+def test_the_frozen_layer_cache_under_fsdp2_keeps_the_losses_while_one_process_hits_and_the_other_misses(
+        tmp_path, tiny):
+    """Sharded weights are gathered as each layer is called, together by every process. A layer
+    the cache replays is still called (only its body is skipped), so a process that finds its
+    batch cached still joins the others' gathers instead of leaving them waiting."""
+    script = tmp_path / "sharded.py"
+    script.write_text(SHARDED)
+    seen = {}
+    for mode in ("plain", "cache"):
+        (tmp_path / mode).mkdir()
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                               str(script), str(tiny), mode, str(tmp_path / mode)],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert done.returncode == 0, done.stderr[-3000:]
+        seen[mode] = [json.loads((tmp_path / mode / f"{rank}.json").read_text()) for rank in (0, 1)]
+    assert [(r["hits"], r["misses"]) for r in seen["cache"]] == [(1, 1), (0, 2)]
+    for plain, cached in zip(seen["plain"], seen["cache"]):
+        assert cached["losses"] == pytest.approx(plain["losses"], rel=1e-6)
