@@ -66,8 +66,12 @@ def rft_settings(out: Path, accumulation: int) -> dict:
 
 
 def logged_steps(out: Path) -> list[tuple[int, float, int]]:
-    records = map(json.loads, (out / "train_log.jsonl").read_text().splitlines())
-    return [(r["step"], r["loss"], r["tokens"]) for r in records if r.get("event") == "log" and "loss" in r]
+    """(step, loss, tokens) per step, the tokens checked against TRL's own count (`num_tokens`,
+    gathered from every process)."""
+    records = [r for r in map(json.loads, (out / "train_log.jsonl").read_text().splitlines())
+               if r.get("event") == "log" and "loss" in r]
+    assert all(r["tokens"] == r["num_tokens"] for r in records)
+    return [(r["step"], r["loss"], r["tokens"]) for r in records]
 
 
 @pytest.mark.slow
