@@ -82,23 +82,23 @@ def test_two_processes_train_and_count_what_one_process_does_with_the_same_effec
     by process 0, times two)."""
     from safetensors.torch import load_file
 
-    script, data = tmp_path / "rft.py", str(tiny_sft[1])
+    from toolself.train.rft import train_rft
+    from toolself.train.rft_config import RFTConfig
+
+    train_rft(tiny_sft[0], tiny, tmp_path / "one", RFTConfig(**rft_settings(tmp_path / "one", 4)))
+    script, two = tmp_path / "rft.py", tmp_path / "two"
     script.write_text(RFT_RUN)
-    runs = {"one": ([sys.executable, str(script)], 4),
-            "two": ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                     str(script)], 2)}
-    for name, (launch, accumulation) in runs.items():
-        out = tmp_path / name
-        done = subprocess.run([*launch, data, str(tiny), str(out), json.dumps(rft_settings(out, accumulation))],
-                              capture_output=True, text=True, timeout=300, cwd=ROOT)
-        assert done.returncode == 0, done.stderr[-3000:]
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script), str(tiny_sft[1]), str(tiny), str(two), json.dumps(rft_settings(two, 2))],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
     one, two = logged_steps(tmp_path / "one"), logged_steps(tmp_path / "two")
     lengths = set(map(len, tiny_sft[0]["input_ids"]))
     assert lengths == {256}  # every sequence cut to 256 tokens: so a step's 4 are 1,024, in any order
     assert [(step, tokens) for step, _, tokens in one] == [(1, 1024), (2, 2048), (3, 3072)]
     assert [(step, tokens) for step, _, tokens in two] == [(step, tokens) for step, _, tokens in one]
     assert [loss for _, loss, _ in two] == pytest.approx([loss for _, loss, _ in one], rel=1e-5)
-    results = {name: json.loads((tmp_path / name / "train_result.json").read_text()) for name in runs}
+    results = {name: json.loads((tmp_path / name / "train_result.json").read_text()) for name in ("one", "two")}
     assert results["two"]["tokens"] == results["one"]["tokens"] == one[-1][2]
     assert results["two"]["extra"]["padding_efficiency"] == results["one"]["extra"]["padding_efficiency"]
     trained, expected = load_file(str(tmp_path / "two" / "adapter_model.safetensors")), \
@@ -153,8 +153,8 @@ def test_every_process_splits_the_effective_batch_as_the_fullest_gpu_allows():
     assert all("8.0 GiB free on the fullest of 2 GPUs" in why for _, _, why in chosen)
 
 
-# FSDP2 over two processes on gloo, adapters on the top two layers; process 0's second batch is
-# its first again (a hit in the frozen-layer cache), process 1's is new (a miss).
+# FSDP2 over two processes on gloo, adapters on the top two layers, without and then with the
+# frozen-layer cache; process 0's second batch is its first again (a hit), process 1's is new (a miss).
 SHARDED = textwrap.dedent("""
     import json, sys
     import torch
@@ -166,25 +166,27 @@ SHARDED = textwrap.dedent("""
     from toolself.train.frozen_layers import cache_frozen_layers
 
     dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
-    model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], layers_to_transform=[2, 3]))
-    mesh = init_device_mesh("cpu", (2,))
-    for layer in model.base_model.model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    model.train()
-    cache = cache_frozen_layers(model) if sys.argv[2] == "cache" else None
+    rank, mesh = dist.get_rank(), init_device_mesh("cpu", (2,))
     generator = torch.Generator().manual_seed(1)
     a, b, c = (torch.randint(0, 1000, (1, 32), generator=generator) for _ in range(3))
-    losses = []
-    for ids in ([a, a] if rank == 0 else [b, c]):
-        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-        loss.backward()
-        losses.append(loss.item())
-    stats = cache.stats() if cache else {}
-    with open(f"{sys.argv[3]}/{rank}.json", "w") as f:
-        json.dump({"losses": losses, "hits": stats.get("hits"), "misses": stats.get("misses")}, f)
+    seen = {}
+    for mode in ("plain", "cache"):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], layers_to_transform=[2, 3]))
+        for layer in model.base_model.model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model.train()
+        cache = cache_frozen_layers(model) if mode == "cache" else None
+        losses = []
+        for ids in ([a, a] if rank == 0 else [b, c]):
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+            losses.append(loss.item())
+        seen[mode] = {"losses": losses, **({k: cache.stats()[k] for k in ("hits", "misses")} if cache else {})}
+    with open(f"{sys.argv[2]}/{rank}.json", "w") as f:
+        json.dump(seen, f)
     dist.destroy_process_group()
 """)
 
@@ -197,14 +199,11 @@ def test_the_frozen_layer_cache_under_fsdp2_keeps_the_losses_while_one_process_h
     batch cached still joins the others' gathers instead of leaving them waiting."""
     script = tmp_path / "sharded.py"
     script.write_text(SHARDED)
-    seen = {}
-    for mode in ("plain", "cache"):
-        (tmp_path / mode).mkdir()
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                               str(script), str(tiny), mode, str(tmp_path / mode)],
-                              capture_output=True, text=True, timeout=300, cwd=ROOT)
-        assert done.returncode == 0, done.stderr[-3000:]
-        seen[mode] = [json.loads((tmp_path / mode / f"{rank}.json").read_text()) for rank in (0, 1)]
-    assert [(r["hits"], r["misses"]) for r in seen["cache"]] == [(1, 1), (0, 2)]
-    for plain, cached in zip(seen["plain"], seen["cache"]):
-        assert cached["losses"] == pytest.approx(plain["losses"], rel=1e-6)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script), str(tiny), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
+    assert [(s["cache"]["hits"], s["cache"]["misses"]) for s in seen] == [(1, 1), (0, 2)]
+    for s in seen:
+        assert s["cache"]["losses"] == pytest.approx(s["plain"]["losses"], rel=1e-6)
