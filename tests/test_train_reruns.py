@@ -159,6 +159,21 @@ def test_a_checkpoint_of_another_run_is_refused_or_replaced_when_asked(tmp_path)
     assert json.loads((tmp_path / R.SETTINGS_FILE).read_text()) == DEFINITION
 
 
+def test_a_checkpoint_made_in_another_number_of_processes_is_refused_with_how_to_launch_it_again(tmp_path):
+    # a preempted job rescheduled onto fewer GPUs: the effective batch counts every process
+    (tmp_path / R.SETTINGS_FILE).write_text(json.dumps({**DEFINITION, "settings": {"learning_rate": 0.01,
+                                                                                   "world_size": 8}}))
+    checkpoint(tmp_path / "checkpoints", 9)
+    one_process = {**DEFINITION, "settings": {"learning_rate": 0.01, "world_size": 1}}
+    with pytest.raises(R.TrainingMismatch, match=r"(?s)world_size: was 8, now 1\n"
+                                                 r"It ran in 8 processes: .*torchrun --nproc_per_node 8"):
+        R.start_point(tmp_path, tmp_path / "checkpoints", one_process, resume=True)
+    also_other_settings = {**DEFINITION, "settings": {"learning_rate": 0.02, "world_size": 1}}
+    with pytest.raises(R.TrainingMismatch) as refused:  # relaunching would not resume it: no such advice
+        R.start_point(tmp_path, tmp_path / "checkpoints", also_other_settings, resume=True)
+    assert "It ran in" not in str(refused.value)
+
+
 def test_a_checkpoint_from_before_definitions_were_recorded_resumes_and_adopts_this_one(tmp_path):
     latest = checkpoint(tmp_path / "checkpoints", 4)
     assert R.start_point(tmp_path, tmp_path / "checkpoints", DEFINITION, resume=True) == R.StartPoint(checkpoint=latest)

@@ -179,8 +179,24 @@ def _decide(out_dir: Path, checkpoints: Path, definition: dict[str, Any], resume
         raise TrainingMismatch(
             f"{out_dir} holds {what} with another base model, other data or other settings:\n"
             + "\n".join(f"  {line}" for line in differences(recorded, definition))
+            + relaunch_hint(recorded, definition)
             + "\nUse another --out folder, or --no-resume to train from the start in this one (replacing it).")
     return StartPoint()
+
+
+def relaunch_hint(recorded: dict[str, Any], definition: dict[str, Any]) -> str:
+    """How to go on with a run that differs from this one only in its number of processes: a
+    preempted job rescheduled onto other GPUs. The effective batch counts every process, so with
+    another number the optimizer steps, and the checkpoint's place in the data, mean other things."""
+    processes = recorded.get("settings", {}).get("world_size")
+    now = definition.get("settings", {})
+    if processes in (None, now.get("world_size")) or \
+            not same_run(recorded, {**definition, "settings": {**now, "world_size": processes}}):
+        return ""
+    if processes == 1:
+        return "\nIt ran in one process: run it without a launcher to go on from it."
+    return (f"\nIt ran in {processes} processes: launch it so again to go on from it "
+            f"(torchrun --nproc_per_node {processes}, or accelerate launch --num_processes {processes}).")
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
