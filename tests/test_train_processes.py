@@ -78,8 +78,8 @@ def logged_steps(out: Path) -> list[tuple[int, float, int]]:
 def test_two_processes_train_and_count_what_one_process_does_with_the_same_effective_batch(tmp_path, tiny, tiny_sft):
     """Each process of two takes every other sequence, so two processes accumulating 2 sequences
     take each step's 4 sequences as one process accumulating 4 does. The tokens logged are those
-    trained on, by both processes (before, those of the batches built, one ahead of training,
-    by process 0, times two)."""
+    trained on (the data loader builds a batch ahead of the step that trains on it), by every
+    process (whose shards of a step need not be the same length)."""
     from safetensors.torch import load_file
 
     from toolself.train.rft import train_rft
@@ -134,9 +134,9 @@ QWEN3_8B = {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers"
 
 def test_every_process_splits_the_effective_batch_as_the_fullest_gpu_allows():
     """GPU 0 of a node often holds more than the others (a stray CUDA context, a server's
-    leftovers). Each process chose its micro-batch from its own GPU's free memory, so process 0
-    accumulated over more micro-batches than process 1, and their collectives, which pair up by
-    count, no longer met: such a run (1 x 4 beside 4 x 1, on gloo) hung in its first step."""
+    leftovers). Processes that split the effective batch differently accumulate over different
+    counts of micro-batches, and their collectives, which pair up by count, no longer meet: such
+    a run (1 x 4 beside 4 x 1, on gloo) hangs in its first step."""
     from toolself.train import kernels as K
 
     per_token = K.activation_bytes_per_token(SimpleNamespace(**QWEN3_8B), checkpointing=True)
