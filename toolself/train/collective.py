@@ -9,16 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 
-def _several_processes() -> bool:
+def process_count() -> int:
     import torch.distributed as dist
 
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def same_on_every_process(flag: bool, device: Any) -> bool:
     """Process 0's `flag`, on every process. Saving is collective (ZeRO and FSDP gather their
     shards to save), so processes whose clocks disagreed would wait for each other forever."""
-    if not _several_processes():
+    if process_count() == 1:
         return flag
     import torch
     import torch.distributed as dist
@@ -31,29 +31,20 @@ def same_on_every_process(flag: bool, device: Any) -> bool:
 def summed_over_processes(counts: list[int], device: Any) -> list[int]:
     """Each of `counts` summed over the processes: each process sees only its shard of every
     batch, and shards differ in length, so one process's count times their number is not the run's."""
-    if not _several_processes():
-        return list(counts)
-    import torch
-    import torch.distributed as dist
-
-    values = torch.tensor(counts, dtype=torch.int64, device=device)
-    dist.all_reduce(values)
-    return [int(v) for v in values.tolist()]
+    return _all_reduced(counts, "SUM", device)
 
 
 def least_over_processes(value: int, device: Any) -> int:
     """The smallest of the processes' `value`s, on every process."""
-    if not _several_processes():
-        return value
+    return _all_reduced([value], "MIN", device)[0]
+
+
+def _all_reduced(values: list[int], op: str, device: Any) -> list[int]:
+    if process_count() == 1:
+        return list(values)
     import torch
     import torch.distributed as dist
 
-    least = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(least, op=dist.ReduceOp.MIN)
-    return int(least.item())
-
-
-def process_count() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    reduced = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.all_reduce(reduced, op=getattr(dist.ReduceOp, op))
+    return [int(v) for v in reduced.tolist()]
