@@ -9,6 +9,9 @@
 - throughput: generated tokens per second for 1 and for 8 concurrent episodes (threads
   calling `complete`, as the eval runner does), each step a tool-call turn followed by an
   observation;
+- lone: one episode, the engine's only request, with the idle engine thread's cores lent to
+  it (the default, `local.lone_threads`) against one engine thread's share, alternated three
+  times; tokens/s, the ratio, and whether the replies were the same;
 - memory: peak resident memory (VmHWM) of a fresh process that loads the model as `toolself
   run` does and runs one episode, and of one that runs 4 concurrent episodes (an eval at
   concurrency 4), each episode's context growing to --memory-context tokens (the agent's
@@ -19,7 +22,7 @@
   tokens), and a digest of its replies' tokens, to compare two versions' replies.
 
 Usage: python benchmarks/embedded.py [--fresh-cache] [--threads N] [--steps N] [--dtype D] [--cache-dtype D]
-                                    [--no-jump-forward] [--parts reuse,throughput,memory,run]
+                                    [--no-jump-forward] [--parts reuse,throughput,lone,memory,run]
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import tempfile
 import threading
 import time
 
-THREADS = 1  # torch threads of each engine thread, set from --threads
+THREADS: int | None = None  # torch threads of each engine thread, set from --threads
 
 TOOLS = [
     {"type": "function", "function": {
@@ -156,21 +159,25 @@ def _concurrently(run, episodes: int) -> float:
     return time.perf_counter() - start
 
 
-def bench_throughput(model_cls, weights, observations, episodes: int, steps: int, max_tokens: int) -> dict:
-    """`episodes` threads each run `steps` tool-call turns; tokens generated per wall second."""
+def bench_throughput(model_cls, weights, observations, episodes: int, steps: int, max_tokens: int,
+                     threads: int | None = None) -> dict:
+    """`episodes` threads each run `steps` tool-call turns; tokens generated per wall second.
+    `threads`: the engine's (None: --threads, or the embedded model's own choice)."""
     model, tokenizer = weights
-    engine_model = model_cls(model, tokenizer, max_batch=max(episodes, 1), threads=THREADS)
+    engine_model = model_cls(model, tokenizer, max_batch=max(episodes, 1), threads=threads or THREADS)
     # Warm the grammar cache and the kernels so that both runs measure decoding only.
     engine_model.complete(_episode_messages(TASKS[0]), tools=TOOLS, max_tokens=4)
     engine_model.engine.stats = {k: 0 if isinstance(v, int) else 0.0 for k, v in engine_model.engine.stats.items()}
     generated = [0] * episodes
     prompt_tokens = [0] * episodes
+    replies: list[list] = [[] for _ in range(episodes)]
 
     def run(i: int) -> None:
         messages = _episode_messages(TASKS[i % len(TASKS)])
         for step in range(steps):
             c = engine_model.complete(list(messages), tools=TOOLS, session=f"episode-{i}", max_tokens=max_tokens)
             generated[i] += c.usage.completion_tokens
+            replies[i].append(c.completion_token_ids)
             prompt_tokens[i] = c.usage.prompt_tokens
             _observe(messages, c, observations[(i * 7 + step) % len(observations)], step)
         engine_model.end_session(f"episode-{i}")
@@ -181,6 +188,7 @@ def bench_throughput(model_cls, weights, observations, episodes: int, steps: int
     return {
         "episodes": episodes,
         "steps_per_episode": steps,
+        "replies_sha256": hashlib.sha256(json.dumps(replies).encode()).hexdigest()[:16],
         "generated_tokens": sum(generated),
         "final_prompt_tokens_mean": round(statistics.mean(prompt_tokens)),
         "wall_s": round(wall, 2),
@@ -252,6 +260,25 @@ def bench_memory(episodes: int, args) -> dict:
     return json.loads(done.stdout)
 
 
+def bench_lone(model_cls, weights, observations, steps: int, max_tokens: int, rounds: int = 3) -> dict:
+    """One episode (the engine's only request) decoding with the idle engine thread's cores as
+    well (`local.lone_threads`, the default) against one engine thread's share; the two runs
+    alternate, `rounds` times each, so that a change of load on a shared machine hits both."""
+    from toolself.models import local
+
+    runs: dict[str, list[dict]] = {"lone": [], "shared": []}
+    for _ in range(rounds):
+        runs["lone"].append(bench_throughput(model_cls, weights, observations, 1, steps, max_tokens, threads=None))
+        runs["shared"].append(bench_throughput(model_cls, weights, observations, 1, steps, max_tokens,
+                                               threads=local.default_threads()))
+    rate = {k: statistics.median(r["generated_tokens_per_s"] for r in v) for k, v in runs.items()}
+    return {"threads": {"lone": local.lone_threads(local.default_threads()), "shared": local.default_threads()},
+            "generated_tokens_per_s": rate, "speedup": round(rate["lone"] / rate["shared"], 2),
+            "decode_s": {k: [r["decode_s"] for r in v] for k, v in runs.items()},
+            "prefill_s": {k: [r["prefill_s"] for r in v] for k, v in runs.items()},
+            "same_replies": len({r["replies_sha256"] for v in runs.values() for r in v}) == 1}
+
+
 def bench_run() -> dict:
     """The demo's `toolself run` in a child process: its peak resident memory (the kernel's
     count for that child, as `/usr/bin/time -v` reports it), and its replies' token ids."""
@@ -288,7 +315,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "mixed"])
     parser.add_argument("--parts", default="reuse,throughput,memory",
-                        help="comma-separated: reuse, throughput, memory, run")
+                        help="comma-separated: reuse, throughput, lone, memory, run")
     parser.add_argument("--memory-context", type=int, default=3000,
                         help="context length each episode of the memory runs reaches")
     parser.add_argument("--memory-dtype", default="auto", choices=["auto", "float32", "bfloat16", "mixed"],
@@ -308,9 +335,9 @@ def main() -> None:
     from toolself.models import local, weights
 
     global THREADS
-    THREADS = args.threads or local.default_threads()
+    THREADS = args.threads  # None: the embedded model's own choice (`local.default_threads`, `local.lone_threads`)
 
-    out: dict = {"torch_threads_per_engine_thread": THREADS, "cpus": len(os.sched_getaffinity(0)),
+    out: dict = {"torch_threads_per_engine_thread": THREADS or local.default_threads(), "cpus": len(os.sched_getaffinity(0)),
                  "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
     if args.fresh_cache:
         previous = os.environ.get("TOOLSELF_CACHE")
@@ -324,7 +351,7 @@ def main() -> None:
         else:
             os.environ["TOOLSELF_CACHE"] = previous
     parts = set(args.parts.split(","))
-    if parts & {"reuse", "throughput"}:
+    if parts & {"reuse", "throughput", "lone"}:
         start = time.perf_counter()
         model, tokenizer, _ = weights.load_weights(dtype=args.dtype)
         out["load_s"] = round(time.perf_counter() - start, 2)
@@ -347,6 +374,8 @@ def main() -> None:
         eight = bench_throughput(model_cls, weights, observations, 8, args.steps, args.max_tokens)
         out["throughput"] = {"1": one, "8": eight,
                              "speedup_8_vs_1": round(eight["generated_tokens_per_s"] / one["generated_tokens_per_s"], 2)}
+    if "lone" in parts:
+        out["lone"] = bench_lone(model_cls, weights, observations, args.steps, args.max_tokens)
     if "memory" in parts:
         out["memory"] = {str(n): bench_memory(n, args) for n in (1, 4)}
     if "run" in parts:

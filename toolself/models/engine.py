@@ -531,10 +531,12 @@ class Engine:
     Two threads share the model: one prefills new requests, one decodes the batch. Prefill is
     compute-bound and decoding is bound by memory traffic, and with torch on one thread per
     forward (see `local.default_threads`) each keeps its own core busy: while eight episodes
-    decode, the next observation of a ninth is already being read."""
+    decode, the next observation of a ninth is already being read. A request alone in the
+    engine computes on both threads' cores (`local.lone_threads`)."""
 
     def __init__(self, model: Any, *, stop_token_ids: list[int], vocab_size: int, max_batch: int = 8,
                  cache_entries: int = 16, cache_bytes: int = CPU_PREFIX_STORE_BYTES, threads: int = 0,
+                 lone_threads: int = 0,
                  kv_dtype: torch.dtype = torch.float32,
                  jump_forward: Callable[[Any, int], list[int]] | None = None, prefill_chunk: int = PREFILL_CHUNK):
         self.model = model
@@ -545,6 +547,7 @@ class Engine:
         # matcher; see `_step` for when they are fed at once.
         self.jump_forward = jump_forward
         self.threads = threads  # torch threads in each engine thread; 0 keeps torch's default
+        self.lone_threads = lone_threads  # for a request alone in the engine; 0: `threads`
         self.kv_dtype = kv_dtype
         use_engine_attention(model)
         self.cache_keyword = cache_keyword(model)
@@ -600,10 +603,18 @@ class Engine:
     # The prefill thread.
 
     def _use_threads(self) -> None:
-        # Torch's thread count is per calling thread (an OpenMP setting), so this leaves the
-        # rest of the process, a trainer for instance, with its own.
-        if self.threads > 0:
-            torch.set_num_threads(self.threads)
+        """Torch's thread count is per calling thread (an OpenMP setting), so this leaves the
+        rest of the process, a trainer for instance, with its own. A request that has the
+        engine to itself (one agent's run) also takes the idle engine thread's cores
+        (`lone_threads`): no other request waits on them then."""
+        wanted = self.lone_threads if self.lone_threads > 0 and self._alone() else self.threads
+        if wanted > 0 and torch.get_num_threads() != wanted:
+            torch.set_num_threads(wanted)
+
+    def _alone(self) -> bool:
+        """Whether one request is all the engine holds: waiting, prefilling or decoding."""
+        with self._cond:
+            return len(self._pending) + len(self._ready) + self._prefilling + self._decoding == 1
 
     def _can_prefill(self) -> bool:
         return bool(self._pending) and self._decoding + len(self._ready) + self._prefilling < self.max_batch
@@ -635,6 +646,7 @@ class Engine:
                         return
                     request = self._pending.pop(0)
                     self._prefilling += 1
+                self._use_threads()
                 seq = self._prefill_one(request)
                 with self._cond:
                     self._prefilling -= 1
@@ -670,6 +682,7 @@ class Engine:
                     if stolen is not None:
                         self._prefilling += 1
                 if stolen is not None:
+                    self._use_threads()
                     seq = self._prefill_one(stolen)
                     if seq is not None:
                         joining.append(seq)
@@ -688,6 +701,7 @@ class Engine:
                             import xgrammar as xgr
 
                             bitmask = xgr.allocate_token_bitmask(self.max_batch, self.vocab_size)
+                        self._use_threads()
                         self._step(batch, bitmask)
                     except Exception as exc:  # a failed step fails its sequences, not the engine
                         for seq in batch.rows:

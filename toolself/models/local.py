@@ -37,16 +37,26 @@ DEFAULT_MAX_TOKENS = 384
 LARGE_MAX_TOKENS = 4096  # a large model's reply (`scale`): the authors' cap per call (docs/paper.md)
 
 
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def default_threads() -> int:
     """Torch threads for each engine thread: half the cores, at most eight. The prefill and
     the decode thread then each have their own cores, and on a small shared machine a parallel
     region waiting for a descheduled thread costs more than a second thread gains
     (docs/notes/2026-12-02-a-second-torch-thread-for-decoding.md)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return max(1, min(8, cores // 2))
+    return max(1, min(8, _cores() // 2))
+
+
+def lone_threads(threads: int) -> int:
+    """Torch threads for a request alone in the engine, one agent's run: the idle engine
+    thread's cores as well, since nothing else waits on them
+    (docs/notes/2026-12-07-a-lone-request-takes-both-cores.md)."""
+    return min(2 * threads, _cores())
 
 
 def kv_dtype(model) -> torch.dtype:
@@ -125,8 +135,8 @@ class EmbeddedModel:
         """`max_tokens`: a reply's tokens when the call sets none (the engine lays out KV room
         for them up front); `max_string`: the cap on free strings in a constrained reply (None:
         no cap; see `grammar`). `threads`: torch threads of the engine's own two threads (the
-        rest of the process keeps its setting); None picks `default_threads()`, 0 leaves torch's
-        default.
+        rest of the process keeps its setting); None picks `default_threads()`, and on a CPU
+        `lone_threads()` for a request alone in the engine; 0 leaves torch's default.
         `cache_dtype`: the KV cache's dtype; None picks `kv_dtype(model)`. `cache_entries`,
         `cache_bytes`: the bounds of the KV caches kept between turns (`engine.PrefixStore`;
         None: `memory.engine_plan`'s). `max_batch`: the most requests decoded together; on a GPU,
@@ -138,7 +148,9 @@ class EmbeddedModel:
         from toolself.models.engine import Engine
         from toolself.models.grammar import GrammarCache
 
-        threads = default_threads() if threads is None else threads
+        on_cpu = model.device.type == "cpu"
+        shared = default_threads() if threads is None else threads
+        alone = lone_threads(shared) if threads is None and on_cpu else 0
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
@@ -162,8 +174,8 @@ class EmbeddedModel:
         if cache_bytes is None:
             cache_bytes = plan.store_bytes
         self.engine = Engine(model, stop_token_ids=stop_ids, vocab_size=vocab_size, max_batch=plan.rows,
-                             cache_entries=cache_entries, cache_bytes=cache_bytes, threads=threads,
-                             kv_dtype=cache_dtype,
+                             cache_entries=cache_entries, cache_bytes=cache_bytes, threads=shared,
+                             lone_threads=alone, kv_dtype=cache_dtype,
                              jump_forward=self._forced_tokens if jump_forward else None)
 
     @classmethod
