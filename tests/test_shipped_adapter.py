@@ -70,12 +70,15 @@ def test_the_adapter_solved_a_data_task_the_zero_shot_model_failed_so_the_demo_h
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_on_the_demo_task_the_adapter_reproduces_its_recorded_greedy_success_where_zero_shot_fails(tmp_path):
-    from toolself.demo import run_demo
+@pytest.mark.timeout(600)
+def test_on_the_demo_task_the_adapter_reproduces_its_recorded_greedy_success(tmp_path):
+    """The demo's zero-shot attempt is left out: the record holds its failure, and it runs to the
+    demo's budgets, which on a CPU without bfloat16 kernels means its 300-second limit."""
+    from toolself.demo import CONTENDERS, run_demo
 
-    zero_shot, cat = run_demo(tmp_path / "trajectories.jsonl", Console(file=io.StringIO()))
-    assert (zero_shot.correct, cat.correct) == (False, True)  # as the adapter's evaluation recorded
+    [cat] = run_demo(tmp_path / "trajectories.jsonl", Console(file=io.StringIO()), contenders=CONTENDERS[1:])
+    assert cat.model == "embedded:cat" and cat.correct  # as the adapter's evaluation recorded
+    assert cat.trajectory.end_reason == "terminate"
 
 
 def test_an_unknown_shipped_adapter_is_a_clear_error():
