@@ -44,11 +44,17 @@ embedded-cat: setup
 gpu-kit: setup
 	$(PY) benchmarks/gpu_kit.py --out .gpu
 
+# The fast tests run in TEST_WORKERS processes (pytest-xdist): most of their time is spent waiting on
+# subprocesses and sockets, not computing. The slow ones (the embedded model, training) run one at a
+# time, since each keeps the cores busy on its own.
+TEST_WORKERS ?= 2
+
 test: setup browser ray
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -m slow
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
