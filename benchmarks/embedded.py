@@ -337,8 +337,8 @@ def main() -> None:
     global THREADS
     THREADS = args.threads  # None: the embedded model's own choice (`local.default_threads`, `local.lone_threads`)
 
-    out: dict = {"torch_threads_per_engine_thread": THREADS or local.default_threads(), "cpus": len(os.sched_getaffinity(0)),
-                 "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+    out: dict = {"torch_threads_per_engine_thread": THREADS or local.default_threads(),
+                 "cpus": len(os.sched_getaffinity(0)), "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
     if args.fresh_cache:
         previous = os.environ.get("TOOLSELF_CACHE")
         with tempfile.TemporaryDirectory(prefix="toolself-bench-cache-") as tmp:
