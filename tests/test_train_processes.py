@@ -101,6 +101,10 @@ def test_two_processes_train_and_count_what_one_process_does_with_the_same_effec
     results = {name: json.loads((tmp_path / name / "train_result.json").read_text()) for name in ("one", "two")}
     assert results["two"]["tokens"] == results["one"]["tokens"] == one[-1][2]
     assert results["two"]["extra"]["padding_efficiency"] == results["one"]["extra"]["padding_efficiency"]
+    caches = {name: results[name]["extra"]["frozen_layer_cache"] for name in ("one", "two")}
+    assert (caches["one"]["processes"], caches["two"]["processes"]) == (1, 2)
+    # every micro-batch looked up once, whichever process trained on it
+    assert caches["two"]["hits"] + caches["two"]["misses"] == caches["one"]["hits"] + caches["one"]["misses"] == 12
     trained, expected = load_file(str(tmp_path / "two" / "adapter_model.safetensors")), \
         load_file(str(tmp_path / "one" / "adapter_model.safetensors"))
     assert all(trained[name].allclose(expected[name], rtol=1e-4, atol=1e-6) for name in expected)

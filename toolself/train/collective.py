@@ -39,6 +39,11 @@ def least_over_processes(value: int, device: Any) -> int:
     return _all_reduced([value], "MIN", device)[0]
 
 
+def most_over_processes(value: int, device: Any) -> int:
+    """The largest of the processes' `value`s, on every process."""
+    return _all_reduced([value], "MAX", device)[0]
+
+
 def _all_reduced(values: list[int], op: str, device: Any) -> list[int]:
     if process_count() == 1:
         return list(values)

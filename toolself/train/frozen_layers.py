@@ -48,9 +48,16 @@ class FrozenLayerCache:
     replaying: bool = False
     counted: bool = False  # the current batch's hit or miss is counted (a recomputation is not another)
 
-    def stats(self) -> dict[str, Any]:
-        return {"frozen_layers": self.frozen, "cached_batches": len(self.outputs), "cached_mb": round(self.bytes / 2**20, 1),
-                "hits": self.hits, "misses": self.misses}
+    def stats(self, device: Any = None) -> dict[str, Any]:
+        """The run's: each process of a launched run caches the batches of its own shard, so
+        batches and lookups are summed over the processes, and memory is the most any one holds.
+        A collective (`toolself.train.collective`): every process calls it, or none."""
+        from toolself.train.collective import most_over_processes, process_count, summed_over_processes
+
+        batches, hits, misses = summed_over_processes([len(self.outputs), self.hits, self.misses], device)
+        return {"frozen_layers": self.frozen, "processes": process_count(), "cached_batches": batches,
+                "cached_mb": round(most_over_processes(self.bytes, device) / 2**20, 1),
+                "hits": hits, "misses": misses}
 
 
 def frozen_layer_count(layers) -> int:

@@ -141,6 +141,7 @@ def run_trainer(trainer, counter, out_dir: Path, log_path: Path, examples: int, 
     trainer.save_model(str(out_dir))
     main = trainer.is_world_process_zero()
     counted = counter.summed(args.device)
+    frozen_stats = frozen.stats(args.device) if frozen is not None else None
     result = TrainResult(output_dir=str(out_dir), adapter=not args.full_finetune, steps=output.global_step,
                          train_loss=output.training_loss, tokens=counted.tokens, seconds=round(seconds, 3),
                          tokens_per_second=round(counted.tokens / seconds, 2) if seconds and main else 0.0,
@@ -155,9 +156,9 @@ def run_trainer(trainer, counter, out_dir: Path, log_path: Path, examples: int, 
             result.extra["kl_tokens"] = counted.kl_tokens
         elif counted.slots:  # RFT: how much of its batches was sequence, not padding
             result.extra["padding_efficiency"] = round(counted.tokens / counted.slots, 4)
-        if frozen is not None:
-            result.extra["frozen_layer_cache"] = frozen.stats()
-            logger.info("frozen-layer cache: %s", frozen.stats())
+        if frozen_stats is not None:
+            result.extra["frozen_layer_cache"] = frozen_stats
+            logger.info("frozen-layer cache: %s", frozen_stats)
         trainer.processing_class.save_pretrained(str(out_dir))
         (out_dir / "train_result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
         if timed:  # the run is saved whole; they were its insurance
