@@ -110,6 +110,44 @@ def test_two_processes_train_and_count_what_one_process_does_with_the_same_effec
     assert all(trained[name].allclose(expected[name], rtol=1e-4, atol=1e-6) for name in expected)
 
 
+KTO_RUN = textwrap.dedent("""
+    import json, sys
+    from datasets import load_from_disk
+    from toolself.train.kto import train_kto
+    from toolself.train.kto_config import CATKTOConfig
+
+    data, policy, out, config = sys.argv[1:]
+    train_kto(load_from_disk(data), policy, out, CATKTOConfig(**json.loads(config)))
+""")
+
+
+@pytest.mark.slow
+def test_kto_in_two_processes_uses_every_adapter_weight_so_ddp_looks_for_no_unused_one(tmp_path, tiny, tiny_attempts):
+    """DDP told to find unused parameters walks the autograd graph after every forward pass,
+    and warns in each process when it finds none. Every adapter weight is used at every step, so
+    it is not asked to; were one unused, DDP would refuse the next step, so the run trains four."""
+    from transformers import AutoTokenizer
+
+    from toolself.train import data as D
+
+    attempts, schemas, _ = tiny_attempts
+    decisions, _, _ = D.build_kto_dataset(attempts, D.Renderer(AutoTokenizer.from_pretrained(str(tiny)), schemas),
+                                          max_length=256)
+    decisions = decisions.map(lambda row, i: {"label": i % 2 == 0}, with_indices=True)  # both kinds
+    decisions.save_to_disk(str(tmp_path / "data"))
+    script, out = tmp_path / "kto.py", tmp_path / "kto"
+    script.write_text(KTO_RUN)
+    settings = dict(output_dir=str(out / "checkpoints"), max_steps=4, num_train_epochs=100,
+                    per_device_train_batch_size=2, gradient_accumulation_steps=1, warmup_steps=0, bf16=False,
+                    disable_tqdm=True, lora_layers=2, max_length=256)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script), str(tmp_path / "data"), str(tiny), str(out), json.dumps(settings)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((out / "train_result.json").read_text())["steps"] == 4
+    assert "find_unused_parameters=True" not in done.stderr
+
+
 # One process of a launched run on a GPU node, its GPU faked: CUDA there, with `free` GiB free.
 CHOOSER = textwrap.dedent("""
     import json, sys
@@ -188,7 +226,7 @@ SHARDED = textwrap.dedent("""
             loss = model(input_ids=ids, labels=ids, use_cache=False).loss
             loss.backward()
             losses.append(loss.item())
-        seen[mode] = {"losses": losses, **({k: cache.stats()[k] for k in ("hits", "misses")} if cache else {})}
+        seen[mode] = {"losses": losses, **({"hits": cache.hits, "misses": cache.misses} if cache else {})}
     with open(f"{sys.argv[2]}/{rank}.json", "w") as f:
         json.dump(seen, f)
     dist.destroy_process_group()

@@ -121,6 +121,11 @@ def accelerator_defaults(config: Any) -> None:
         # what sets up a process group (gloo) when several processes are launched; without it
         # each process of a `torchrun` on a machine without a GPU would train alone.
         config.use_cpu = True
+    if config.ddp_find_unused_parameters is None:
+        # Every trainable weight is used at every step. Left unset, transformers has DDP look for
+        # unused ones whenever the model is a PEFT wrapper: a walk of the autograd graph after
+        # each forward pass, and a warning in every process that it found none.
+        config.ddp_find_unused_parameters = False
     if not gpu and config.per_device_train_batch_size == 1:
         # transformers 5.24 renamed the option; setting the old name there works but warns.
         name = "activation_checkpointing" if hasattr(config, "activation_checkpointing") else "gradient_checkpointing"
