@@ -129,3 +129,19 @@ def test_a_model_larger_than_the_gpus_free_memory_is_refused_before_it_is_read(t
         load_weights(str(tiny))  # on a CUDA-less torch, reading onto the GPU would fail otherwise
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (needed, 24 << 30))
     require_gpu_room(tiny, torch.bfloat16, "cuda")
+
+
+def test_reading_and_merging_an_adapter_warn_of_nothing_only_the_libraries_could_fix(tiny, tmp_path):
+    """peft reads an attribute transformers deprecated as it wraps a model: a FutureWarning the
+    user can do nothing about, at every `local:ADAPTER` load and every merge."""
+    import warnings
+
+    from toolself.models.weights import load_weights
+    from toolself.train.merge import merged_model
+
+    adapter = adapter_on(tiny, tmp_path / "adapter")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_weights(adapter, "float32")
+        merged_model(adapter)
+    assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]

@@ -142,10 +142,23 @@ def model_config(directory: str | os.PathLike) -> dict[str, Any] | None:
         return None
 
 
+# peft reads `model.is_gradient_checkpointing` as it wraps a model, which transformers 5.2x
+# deprecated: a FutureWarning about a library's own call at every adapter load or training run.
+PEFT_CALLS_DEPRECATED = r"`is_gradient_checkpointing` is deprecated"
+
+
+def ignore_peft_deprecation() -> None:
+    """No warning that only the libraries' maintainers can act on."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=PEFT_CALLS_DEPRECATED, category=FutureWarning)
+
+
 def _quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    ignore_peft_deprecation()
 
 
 STORED_ITEMSIZE = {"I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1}
