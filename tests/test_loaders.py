@@ -92,6 +92,29 @@ def test_malformed_rows_are_skipped_and_reported_by_file_and_line(tmp_path, caps
     assert "skipped 3 malformed row(s)" in err and f"{path}:2" in err.replace("\n", "")
 
 
+def test_a_file_of_another_benchmark_is_refused_with_the_prefix_its_rows_suggest():
+    path = sample("frames/test_sample.tsv")
+    with pytest.raises(ValueError, match=f"none of its 10 row.s. is a gsm8k task .* try frames:{path}$"):
+        load_tasks(f"gsm8k:{path}")
+
+
+def test_a_file_whose_rows_are_all_malformed_is_refused_with_the_first_reason(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps({"answer": "5"}) + "\n" + "{not json\n")
+    with pytest.raises(ValueError, match=f"none of its 2 row.s. is a jsonl task .first: {path}:1: missing field "
+                                         "'question'.$"):
+        load_tasks(f"jsonl:{path}")
+
+
+def test_an_eval_of_a_file_of_another_benchmark_stops_before_writing_anything(tmp_path):
+    from toolself.cli import app
+
+    done = CliRunner().invoke(app, ["eval", "--tasks", f"hotpotqa:{sample('gsm8k/test_sample.jsonl')}",
+                                    "--out", str(tmp_path / "run")])
+    assert done.exit_code != 0 and "try gsm8k:" in " ".join(done.output.split())
+    assert not (tmp_path / "run").exists()
+
+
 def test_limit_takes_the_first_tasks_and_shuffle_uses_the_seed():
     path = sample("gsm8k/test_sample.jsonl")
     first = load_tasks(f"gsm8k:{path}", limit=3)

@@ -93,5 +93,5 @@ def test_a_repository_without_an_official_spec_needs_a_test_command(tmp_path):
     row = record("calc/calc", "1.0", ["test_calc.py"], ["test_calc.py::test_add"])
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps(row) + "\n")
-    assert not load_tasks(f"swebench:{path}", quiet=True)
-    assert "no official SWE-bench spec" in load_tasks(f"swebench:{path}", quiet=True).skipped[0].reason
+    with pytest.raises(ValueError, match="no official SWE-bench spec for calc/calc 1.0: give test_cmd="):
+        load_tasks(f"swebench:{path}", quiet=True)

@@ -16,7 +16,8 @@
 Without a prefix the format is inferred from the file when its first row says so unambiguously.
 Nothing is ever fetched: a path is read or the load fails with a message naming it. A malformed
 row is skipped and reported with its file and line; the count is printed and kept on the
-returned list (`LoadedTasks.skipped`), never hidden.
+returned list (`LoadedTasks.skipped`), never hidden. A file none of whose rows is a task is
+refused, not run as an empty benchmark: most often it is another benchmark's file.
 
 Options common to file loaders: `collection=PATH` (a folder or JSONL the tasks' `search` reads),
 `shuffle=1` (shuffle with the seed before `limit`), `scorer=NAME` (one of
@@ -95,6 +96,8 @@ def load_tasks(spec: str, split: str | None = None, limit: int | None = None, se
     loader = _LOADERS[kind]
     skipped: list[SkippedRow] = []
     tasks = loader(path, split, parsed.options, skipped)
+    if not tasks and skipped:
+        raise ValueError(_none_read(spec, kind, path, skipped))
     if parsed.options.get("collection"):
         collection = Path(parsed.options["collection"]).expanduser()
         if not collection.exists():
@@ -121,6 +124,19 @@ def load_tasks(spec: str, split: str | None = None, limit: int | None = None, se
         if len(skipped) > 20:
             _console.print(f"  ... and {len(skipped) - 20} more", markup=False)
     return LoadedTasks(tasks, skipped, spec)
+
+
+def _none_read(spec: str, kind: str, path: Path, skipped: list[SkippedRow]) -> str:
+    """Why a file gave no task at all: every row failed the same way, most often because the
+    file is another benchmark's (a wrong prefix); then the prefix its first row suggests."""
+    message = f"{spec}: none of its {len(skipped)} row(s) is a {kind} task (first: {skipped[0]})"
+    try:
+        looks_like = infer_kind(path)
+    except ValueError:
+        return message
+    if looks_like != kind:
+        message += f"; the file looks like {looks_like}: try {looks_like}:{parse_spec(spec).target}"
+    return message
 
 
 def _flag(options: dict[str, str], name: str) -> bool:
