@@ -142,7 +142,7 @@ def model_config(directory: str | os.PathLike) -> dict[str, Any] | None:
         return None
 
 
-# peft reads `model.is_gradient_checkpointing` as it wraps a model, which transformers 5.2x
+# peft reads `model.is_gradient_checkpointing` as it wraps a model, which recent transformers
 # deprecated: a FutureWarning about a library's own call at every adapter load or training run.
 PEFT_CALLS_DEPRECATED = r"`is_gradient_checkpointing` is deprecated"
 
