@@ -29,6 +29,7 @@ left out (under 5% at these lengths), so the MFU is a slight underestimate.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import resource
@@ -279,6 +280,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from toolself.train.kto_config import CATKTOConfig
     from toolself.train.rft import train_rft
     from toolself.train.rft_config import RFTConfig
+    from toolself.train.settings import installed_spelling
     from toolself.train.shapes import random_model_dir
 
     switch = {"auto": None, "on": True, "off": False}
@@ -300,6 +302,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       disable_tqdm=True, warmup_steps=0, num_train_epochs=1000,  # steps, not epochs, end a run
                       attn_implementation=None if args.attention == "auto" else args.attention,
                       use_liger_kernel=switch[args.liger])
+        common = installed_spelling(common, {f.name for f in dataclasses.fields(RFTConfig)})  # as the commands do
         rft_config = RFTConfig(output_dir=str(work / "rft" / "checkpoints"), compile_layers=switch[args.compile_layers],
                                padding_free=switch[args.padding_free], **common)
         kto_config = CATKTOConfig(output_dir=str(work / "kto" / "checkpoints"), **common)
