@@ -145,3 +145,20 @@ def test_reading_and_merging_an_adapter_warn_of_nothing_only_the_libraries_could
         load_weights(adapter, "float32")
         merged_model(adapter)
     assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
+
+
+def test_only_the_libraries_own_calls_of_the_old_checkpointing_names_are_silenced():
+    """TRL's KTO trainer toggles checkpointing by the old method names; a recipe that sets the
+    old TrainingArguments field is the user's to update, and keeps its warning."""
+    import warnings
+
+    from toolself.models.weights import ignore_library_deprecations
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ignore_library_deprecations()
+        for old in ("is_gradient_checkpointing", "gradient_checkpointing_enable", "gradient_checkpointing_disable",
+                    "gradient_checkpointing"):  # as transformers words them
+            new = old.replace("gradient", "activation")
+            warnings.warn(f"`{old}` is deprecated and will be removed in v6. Use `{new}` instead.", FutureWarning)
+    assert [str(w.message).split("`")[1] for w in caught] == ["gradient_checkpointing"]

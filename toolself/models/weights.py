@@ -142,23 +142,26 @@ def model_config(directory: str | os.PathLike) -> dict[str, Any] | None:
         return None
 
 
-# peft reads `model.is_gradient_checkpointing` as it wraps a model, which recent transformers
-# deprecated: a FutureWarning about a library's own call at every adapter load or training run.
-PEFT_CALLS_DEPRECATED = r"`is_gradient_checkpointing` is deprecated"
+# Recent transformers renamed gradient checkpointing to activation checkpointing. peft reads
+# `is_gradient_checkpointing` as it wraps a model, and TRL's KTO trainer calls
+# `gradient_checkpointing_disable` / `_enable` around its reference pass: a FutureWarning about a
+# library's own call at every adapter load or training run. (The TrainingArguments field, which
+# a user's own recipe may spell the old way, still warns.)
+LIBRARY_CALLS_DEPRECATED = r"`(is_gradient_checkpointing|gradient_checkpointing_(enable|disable))` is deprecated"
 
 
-def ignore_peft_deprecation() -> None:
+def ignore_library_deprecations() -> None:
     """No warning that only the libraries' maintainers can act on."""
     import warnings
 
-    warnings.filterwarnings("ignore", message=PEFT_CALLS_DEPRECATED, category=FutureWarning)
+    warnings.filterwarnings("ignore", message=LIBRARY_CALLS_DEPRECATED, category=FutureWarning)
 
 
 def _quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    ignore_peft_deprecation()
+    ignore_library_deprecations()
 
 
 STORED_ITEMSIZE = {"I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1}

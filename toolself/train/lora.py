@@ -141,10 +141,10 @@ def load_base(path: str | Path):
     path = Path(path).resolve()
     if (path / "adapter_config.json").is_file():
         raise ValueError(f"{path} is an adapter: merge it first (toolself.train.merge.prepare_base)")
-    from toolself.models.weights import ignore_peft_deprecation
+    from toolself.models.weights import ignore_library_deprecations
     from toolself.train.merge import default_dtype
 
-    ignore_peft_deprecation()  # the trainer wraps the model with peft
+    ignore_library_deprecations()  # the trainers wrap the model with peft and toggle its checkpointing
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=default_dtype())
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     if tokenizer.pad_token is None:

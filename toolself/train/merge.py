@@ -35,9 +35,9 @@ def merged_model(adapter_dir: str | Path, dtype: Any = None):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from toolself.models.weights import ignore_peft_deprecation
+    from toolself.models.weights import ignore_library_deprecations
 
-    ignore_peft_deprecation()
+    ignore_library_deprecations()
     adapter_dir = Path(adapter_dir)
     base = adapter_base(adapter_dir)
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype or default_dtype())
