@@ -45,17 +45,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def device_info() -> dict[str, Any]:
     import torch
 
+    from toolself.models.local import usable_cores
+
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         return {"device": "cuda", "name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
                 "cuda": torch.version.cuda}
-    return {"device": "cpu", "name": platform.processor() or platform.machine(), "cores": _cores()}
-
-
-def _cores() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {"device": "cpu", "name": platform.processor() or platform.machine(), "cores": usable_cores()}
 
 
 def versions() -> dict[str, str]:

@@ -62,8 +62,8 @@ def test_lent_cores_are_the_default_on_a_cpu_and_never_more_than_the_machine_has
         assert model.engine.lone_threads == local.lone_threads(local.default_threads())
     finally:
         model.close()
-    assert local.lone_threads(1) == min(2, local._cores())
-    assert local.lone_threads(8) <= local._cores()
+    assert local.lone_threads(1) == min(2, local.usable_cores())
+    assert local.lone_threads(8) <= local.usable_cores()
 
 
 def test_an_explicit_thread_count_is_kept_for_a_request_alone(tiny):

@@ -37,7 +37,8 @@ DEFAULT_MAX_TOKENS = 384
 LARGE_MAX_TOKENS = 4096  # a large model's reply (`scale`): the authors' cap per call (docs/paper.md)
 
 
-def _cores() -> int:
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, where the OS has one), not the machine's."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:
@@ -49,14 +50,14 @@ def default_threads() -> int:
     the decode thread then each have their own cores, and on a small shared machine a parallel
     region waiting for a descheduled thread costs more than a second thread gains
     (docs/notes/2026-12-02-a-second-torch-thread-for-decoding.md)."""
-    return max(1, min(8, _cores() // 2))
+    return max(1, min(8, usable_cores() // 2))
 
 
 def lone_threads(threads: int) -> int:
     """Torch threads for a request alone in the engine, one agent's run: the idle engine
     thread's cores as well, since nothing else waits on them
     (docs/notes/2026-12-07-a-lone-request-takes-both-cores.md)."""
-    return min(2 * threads, _cores())
+    return min(2 * threads, usable_cores())
 
 
 def kv_dtype(model) -> torch.dtype:
