@@ -97,7 +97,7 @@ def load_tasks(spec: str, split: str | None = None, limit: int | None = None, se
     skipped: list[SkippedRow] = []
     tasks = loader(path, split, parsed.options, skipped)
     if not tasks and skipped:
-        raise ValueError(_none_read(spec, kind, path, skipped))
+        raise ValueError(_none_read(spec, kind, parsed.target, path, skipped))
     if parsed.options.get("collection"):
         collection = Path(parsed.options["collection"]).expanduser()
         if not collection.exists():
@@ -126,7 +126,7 @@ def load_tasks(spec: str, split: str | None = None, limit: int | None = None, se
     return LoadedTasks(tasks, skipped, spec)
 
 
-def _none_read(spec: str, kind: str, path: Path, skipped: list[SkippedRow]) -> str:
+def _none_read(spec: str, kind: str, target: str, path: Path, skipped: list[SkippedRow]) -> str:
     """Why a file gave no task at all: every row failed the same way, most often because the
     file is another benchmark's (a wrong prefix); then the prefix its first row suggests."""
     message = f"{spec}: none of its {len(skipped)} row(s) is a {kind} task (first: {skipped[0]})"
@@ -135,7 +135,7 @@ def _none_read(spec: str, kind: str, path: Path, skipped: list[SkippedRow]) -> s
     except ValueError:
         return message
     if looks_like != kind:
-        message += f"; the file looks like {looks_like}: try {looks_like}:{parse_spec(spec).target}"
+        message += f"; the file looks like {looks_like}: try {looks_like}:{target}"
     return message
 
 
