@@ -78,3 +78,19 @@ def pytest_configure(config):
     from toolself.evals.suites.common import KEY_VARIABLE, PUBLIC_KEY
 
     os.environ[KEY_VARIABLE] = PUBLIC_KEY
+    keep_to_this_workers_cores()
+
+
+def keep_to_this_workers_cores() -> None:
+    """Under pytest-xdist each worker keeps to its own share of the cores, and so does every
+    process it starts. The engine and torch size their threads from the cores a process may use:
+    unpinned, two workers that both compute would run four threads on two cores. One test at a
+    time left a third of two cores idle (a command's imports, the agent loop between decode steps
+    and Chromium run on one thread); two tests, a core each, keep both busy without contending
+    (docs/notes/2026-12-07-the-slow-tests-on-a-core-each.md)."""
+    worker, workers = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if not worker or workers < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= workers:
+        os.sched_setaffinity(0, cores[int(worker.removeprefix("gw")) % workers::workers])
