@@ -44,14 +44,15 @@ embedded-cat: setup
 gpu-kit: setup
 	$(PY) benchmarks/gpu_kit.py --out .gpu
 
-# The fast tests run in TEST_WORKERS processes (pytest-xdist): most of their time is spent waiting on
-# subprocesses and sockets, not computing. The slow ones (the embedded model, training) run one at a
-# time, since each keeps the cores busy on its own.
+# The tests run in TEST_WORKERS processes (pytest-xdist), each kept to its own share of the cores
+# (tests/conftest.py): most of the fast tests' time is spent waiting on subprocesses and sockets, and
+# the slow ones (the embedded model, training) left a third of two cores idle when run one at a time.
+# The slow ones take minutes each, so an idle worker takes the other's queued tests (worksteal).
 TEST_WORKERS ?= 2
 
 test: setup browser ray
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS)
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow -n $(TEST_WORKERS) --dist worksteal
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS)
