@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def device_info() -> dict[str, Any]:
     import torch
 
-    from toolself.models.local import usable_cores
+    from toolself.models.cores import usable_cores
 
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)

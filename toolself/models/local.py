@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
@@ -29,20 +28,13 @@ from toolself.models.grammar import DEFAULT_MAX_STRING
 from toolself.models.memory import engine_plan
 from toolself.models.protocol import (DEFAULT, TextProtocol, parse_tool_calls_text, text_protocol_named,
                                       to_text_messages)
+from toolself.models.cores import usable_cores
 from toolself.models.weights import DEFAULT_NAME, load_weights
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 384
 LARGE_MAX_TOKENS = 4096  # a large model's reply (`scale`): the authors' cap per call (docs/paper.md)
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity, where the OS has one), not the machine's."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def default_threads() -> int:
