@@ -107,14 +107,25 @@ def test_a_tied_head_computes_prefill_rows_as_the_bfloat16_product_of_the_weight
     assert torch.equal(tied, copied)
 
 
-def test_each_float32_layer_is_freed_as_soon_as_it_is_replaced():
+@pytest.mark.parametrize("workers", [1, 3])
+def test_each_float32_layer_is_freed_as_soon_as_it_is_replaced(workers):
     import weakref
 
     model = _tiny_llama()
     first = weakref.ref(model.model.layers[0].self_attn.q_proj.weight)
     alive_at_replacement = []
-    use_half_linears(model, on_replaced=lambda: alive_at_replacement.append(first() is not None))
+    use_half_linears(model, on_replaced=lambda: alive_at_replacement.append(first() is not None), workers=workers)
     assert alive_at_replacement[0] is False, "the first layer's float32 weight outlived its replacement"
+
+
+def test_layers_converted_in_threads_compute_what_layers_converted_one_at_a_time_compute():
+    one_at_a_time, in_threads = _tiny_llama(), _tiny_llama()
+    assert use_half_linears(one_at_a_time) == use_half_linears(in_threads, workers=3)
+    assert not any(isinstance(m, torch.nn.Linear) for m in in_threads.modules())
+    ids = torch.randint(0, 300, (1, DECODE_ROWS + 4))
+    with torch.inference_mode():
+        for prompt in (ids[:, :3], ids):  # decoding rows, then prefill rows
+            assert torch.equal(in_threads(input_ids=prompt).logits, one_at_a_time(input_ids=prompt).logits)
 
 
 def test_the_mixed_dtype_without_the_float16_kernel_names_the_alternatives(monkeypatch):
@@ -139,3 +150,4 @@ def test_auto_means_mixed_where_the_float16_kernel_exists_and_an_unknown_dtype_i
     assert weights.resolve_dtype("auto") in ("bfloat16", "float32")
     with pytest.raises(ValueError, match="auto, float32, bfloat16 or mixed"):
         weights.resolve_dtype("float8")
+

