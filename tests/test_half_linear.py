@@ -151,3 +151,17 @@ def test_auto_means_mixed_where_the_float16_kernel_exists_and_an_unknown_dtype_i
     with pytest.raises(ValueError, match="auto, float32, bfloat16 or mixed"):
         weights.resolve_dtype("float8")
 
+
+def test_the_conversion_benchmark_times_one_thread_against_several(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "mixed_conversion.py"
+    done = subprocess.run([sys.executable, str(script), "--shape", "tiny", "--workers", "1,2", "--repeats", "2"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert [len(report["workers"][n]["seconds"]) for n in ("1", "2")] == [2, 2]
+    assert report["speedup"]["2 vs 1"] > 0 and report["linear_weights_millions"] > 0
