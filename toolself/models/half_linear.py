@@ -110,7 +110,7 @@ def use_half_linears(model: torch.nn.Module, on_replaced: Callable[[], None] | N
     the allocator returns what the layer freed before the next one allocates).
 
     `workers`: threads that build the replacements. fbgemm packs a layer's float16 weights on
-    one core, outside the GIL, at ~60M weights a second: 2.3 s of loading the default model,
+    one core, outside the GIL, at 40-60M weights a second: 2.2 s of loading the default model,
     and minutes of an 8B one, on one core."""
     require_available()
     prefill_bf16 = has_bfloat16_kernels()

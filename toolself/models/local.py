@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from toolself.models.base import Completion, Message, ModelError, Usage
+from toolself.models.cores import usable_cores
 from toolself.models.grammar import DEFAULT_MAX_STRING
 from toolself.models.memory import engine_plan
 from toolself.models.protocol import (DEFAULT, TextProtocol, parse_tool_calls_text, text_protocol_named,
                                       to_text_messages)
-from toolself.models.cores import usable_cores
 from toolself.models.weights import DEFAULT_NAME, load_weights
 
 log = logging.getLogger(__name__)
