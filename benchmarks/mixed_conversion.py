@@ -22,19 +22,16 @@ import torch
 
 
 def float32_model(shape: str) -> torch.nn.Module:
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from toolself.models.weights import default_model_dir
-    from toolself.train.shapes import SHAPES
+    from toolself.train.shapes import SHAPES, random_model
 
     if shape == "default":
         return AutoModelForCausalLM.from_pretrained(str(default_model_dir()), dtype=torch.float32).eval()
     if shape not in SHAPES:
         raise SystemExit(f"unknown shape {shape!r}; shapes: default, {', '.join(SHAPES)}")
-    kind, dims = SHAPES[shape]
-    torch.manual_seed(0)
-    config = AutoConfig.for_model(kind, vocab_size=49152, **dims)
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    return random_model(shape, dtype=torch.float32, device="cpu")[0].eval()
 
 
 def cpu_name() -> str:

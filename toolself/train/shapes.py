@@ -28,12 +28,12 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def random_model_dir(shape: str, out: str | Path, dtype: Any = None, seed: int = 0,
-                     tokenizer: str | Path | None = None) -> Path:
-    """Write a random-initialised model of `shape`, with the default tokenizer (or the one in
-    the folder `tokenizer`: a machine without the default model's weights), into `out` (reused
-    when it already holds one); it loads and trains like any model directory. It is built on
-    the GPU when there is one (an 8B model in bfloat16: ~16 GB, seconds there)."""
+def random_model(shape: str, dtype: Any = None, seed: int = 0, tokenizer: str | Path | None = None,
+                 device: str | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer): a random-initialised model of `shape` with the default tokenizer (or
+    the one in the folder `tokenizer`: a machine without the default model's weights), built on
+    `device`, by default the GPU when there is one (an 8B model in bfloat16: ~16 GB, seconds
+    there)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -42,17 +42,27 @@ def random_model_dir(shape: str, out: str | Path, dtype: Any = None, seed: int =
 
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; shapes: {', '.join(SHAPES)}")
-    out = Path(out)
-    if (out / "config.json").is_file():
-        return out
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or default_model_dir()))
     kind, dims = SHAPES[shape]
     config = AutoConfig.for_model(kind, vocab_size=len(tokenizer), max_position_embeddings=32768,
                                   bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                                   pad_token_id=tokenizer.pad_token_id, **dims)
     torch.manual_seed(seed)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+    with torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype or default_dtype())
+    return model, tokenizer
+
+
+def random_model_dir(shape: str, out: str | Path, dtype: Any = None, seed: int = 0,
+                     tokenizer: str | Path | None = None) -> Path:
+    """Write `random_model(shape, ...)` into `out` (reused when it already holds one); it loads
+    and trains like any model directory."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; shapes: {', '.join(SHAPES)}")
+    out = Path(out)
+    if (out / "config.json").is_file():
+        return out
+    model, tokenizer = random_model(shape, dtype, seed, tokenizer)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
