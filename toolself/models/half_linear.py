@@ -130,10 +130,7 @@ def use_half_linears(model: torch.nn.Module, on_replaced: Callable[[], None] | N
         if on_replaced is not None:
             on_replaced()
 
-    if workers <= 1:
-        for name in linears:
-            replace(half(name))
-        return len(linears)
+    workers = max(1, workers)
     with ThreadPoolExecutor(workers) as pool:
         ahead: deque = deque()
         for name in linears:
