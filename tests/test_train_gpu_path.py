@@ -395,3 +395,15 @@ def test_the_mixed_dtype_is_refused_on_a_gpu_with_the_dtypes_that_run_there(monk
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(ValueError, match="use bfloat16 .* or float32"):
         weights.load_weights(None, "mixed")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a machine without a CUDA GPU does")
+@pytest.mark.parametrize("stage", ["rft", "kto"])
+def test_fp16_is_refused_on_a_cpu_where_accelerate_would_train_in_float32(tmp_path, stage):
+    from toolself.train.kto_config import CATKTOConfig
+    from toolself.train.rft_config import RFTConfig
+
+    config_class = RFTConfig if stage == "rft" else CATKTOConfig
+    with pytest.raises(ValueError, match="fp16 mixed precision trains on a CUDA GPU only"):
+        config_class(output_dir=str(tmp_path), fp16=True)
+

@@ -143,6 +143,16 @@ def test_train_cat_names_a_bad_key_of_its_json_options(tmp_path, option, value, 
     assert not (tmp_path / "state.json").exists()
 
 
+def test_train_cat_refuses_fp16_on_a_machine_without_a_gpu_before_any_work(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("checks what a machine without a CUDA GPU does")
+    result = CliRunner().invoke(app, ["train", "cat", "-t", "builtin:research", "-o", str(tmp_path),
+                                      "--rft-options", '{"fp16": true}'])
+    assert result.exit_code != 0 and "fp16 mixed precision trains on a CUDA GPU only" in result.output + result.stderr
+    assert not (tmp_path / "state.json").exists()
+
 # presets -------------------------------------------------------------------------------------
 
 def test_the_preset_is_recorded_only_when_there_is_one():

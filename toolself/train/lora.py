@@ -97,11 +97,22 @@ def linear_module_names(model: Any) -> list[str]:
                    if isinstance(module, torch.nn.Linear) and module is not head})
 
 
+def refuse_fp16_without_gpu(fp16: bool | None) -> None:
+    """fp16 asked for on a machine without a CUDA GPU raises ValueError: accelerate ignores it on
+    a CPU, so the run would train in float32 while its settings recorded fp16."""
+    import torch
+
+    if fp16 and not torch.cuda.is_available():
+        raise ValueError("fp16 mixed precision trains on a CUDA GPU only: on a CPU accelerate leaves it off and "
+                         "trains in float32 whatever fp16 says (bf16, where the CPU has bf16 kernels, is what "
+                         "runs there)")
+
+
 def accelerator_defaults(config: Any) -> None:
     """bf16 mixed precision where the hardware computes in it: a GPU that supports it, or a CPU
     with AVX512-BF16 / AMX (2x the fp32 throughput of the 135M model's training there); fp32
-    elsewhere. Without a GPU, training is on the CPU (`use_cpu`). Gradient checkpointing stays
-    on (TRL's default) except for single-sequence micro-batches on a CPU: there a padded
+    elsewhere. Without a GPU, training is on the CPU (`use_cpu`), and fp16 is refused. Gradient
+    checkpointing stays on (TRL's default) except for single-sequence micro-batches on a CPU: there a padded
     batch's attention takes the math path and keeps a (heads x length x length) matrix per
     layer, while a lone unpadded sequence takes the memory-efficient path and recomputing the
     forward pass would cost a third of the step for nothing
@@ -111,6 +122,7 @@ def accelerator_defaults(config: Any) -> None:
     from toolself.models.half_linear import has_bfloat16_kernels
 
     gpu = torch.cuda.is_available()
+    refuse_fp16_without_gpu(config.fp16)
     if config.bf16 is None:
         if gpu:
             config.bf16 = torch.cuda.is_bf16_supported() and not config.fp16

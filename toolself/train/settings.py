@@ -17,6 +17,7 @@ from typing import Any, Callable, ClassVar, Mapping, TypeVar
 
 from toolself.agent import AgentSettings
 from toolself.train.kernels import KernelArguments
+from toolself.train.lora import refuse_fp16_without_gpu
 from toolself.train.stage_options import KTOOptions, RFTOptions
 
 T = TypeVar("T", bound="Overrides")
@@ -182,6 +183,7 @@ class TrainerOverrides(Overrides):
             raise ValueError(f"unknown {self.what}{'s' if len(unknown) > 1 else ''} {unknown}: not "
                              f"{'fields' if len(unknown) > 1 else 'a field'} of the stage's training configuration "
                              "(TrainingArguments and TRL's config)")
+        refuse_fp16_without_gpu(self.extra.get("fp16"))
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), **self.extra}
