@@ -82,11 +82,12 @@ def rft_run(tmp_path_factory, student, trajectories, renderer):
 def rft_test_config(output_dir, **overrides):
     """In float32 on every CPU: the default, bf16 autocast where the CPU has bf16 kernels, rounds
     differently in compiled and eager layers, and by a different amount on each CPU."""
+    from toolself.train.lora import checkpointing_field
     from toolself.train.rft_config import RFTConfig
 
     return RFTConfig(output_dir=str(output_dir), max_steps=3, per_device_train_batch_size=2,
                      gradient_accumulation_steps=1, learning_rate=3e-3, warmup_steps=0, lr_scheduler_type="constant",
-                     gradient_checkpointing=False, disable_tqdm=True, bf16=False, **overrides)
+                     disable_tqdm=True, bf16=False, **{checkpointing_field(RFTConfig): False, **overrides})
 
 
 @pytest.mark.slow
@@ -120,6 +121,7 @@ def test_kto_on_top_of_rft_lowers_the_loss_and_separates_good_from_bad_decisions
     from toolself.models.weights import load_weights
     from toolself.train.kto import train_kto
     from toolself.train.kto_config import CATKTOConfig
+    from toolself.train.lora import checkpointing_field
 
     decisions, _, weights = D.build_kto_dataset(trajectories[0], renderer, max_length=MAX_LENGTH)
     assert weights.undesirable_weight > 1.0  # failures are the minority here and are weighted up
@@ -131,8 +133,8 @@ def test_kto_on_top_of_rft_lowers_the_loss_and_separates_good_from_bad_decisions
     train = decisions.select([good, bad])  # one micro-batch, seen at every step
     config = CATKTOConfig(output_dir=str(tmp_path / "ck"), max_steps=2, per_device_train_batch_size=2,
                        gradient_accumulation_steps=1, learning_rate=1e-3, warmup_steps=0,
-                       lr_scheduler_type="constant", max_length=MAX_LENGTH, gradient_checkpointing=False,
-                       disable_tqdm=True)
+                       lr_scheduler_type="constant", max_length=MAX_LENGTH, disable_tqdm=True,
+                       **{checkpointing_field(CATKTOConfig): False})
     result = train_kto(train, rft_run[1].output_dir, tmp_path / "kto", config)
 
     records = [r for r in map(json.loads, open(result.log)) if r.get("event") == "log" and "loss" in r]
@@ -193,6 +195,21 @@ def test_kto_refuses_a_batch_too_small_for_its_kl_estimate():
 
     with pytest.raises(ValueError, match="at least 2|>= 2"):
         CATKTOConfig(output_dir="unused", per_device_train_batch_size=1)
+
+
+@pytest.mark.parametrize("stage", ["rft", "kto"])
+def test_a_config_with_trls_defaults_warns_of_no_deprecated_name_and_keeps_checkpointing_on(tmp_path, stage):
+    import warnings
+
+    from toolself.train.kto_config import CATKTOConfig
+    from toolself.train.lora import checkpointing_field
+    from toolself.train.rft_config import RFTConfig
+
+    config_class = RFTConfig if stage == "rft" else CATKTOConfig
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*checkpointing.*deprecated")
+        config = config_class(output_dir=str(tmp_path), per_device_train_batch_size=2)
+    assert getattr(config, checkpointing_field(config)) is True
 
 
 def test_single_sequence_steps_on_a_cpu_do_not_recompute_the_forward_pass_and_do_not_warn(tmp_path):

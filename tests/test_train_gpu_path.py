@@ -36,12 +36,16 @@ def sft(tiny_sft):
 
 
 def rft_config(out, **overrides):
+    """Overrides name gradient checkpointing as transformers before 5.24 does, as recipes may."""
+    import dataclasses
+
     from toolself.train.rft_config import RFTConfig
+    from toolself.train.settings import installed_spelling
 
     settings = dict(output_dir=str(out), max_steps=2, num_train_epochs=2, per_device_train_batch_size=2,
                     gradient_accumulation_steps=1, learning_rate=1e-2, warmup_steps=0, lr_scheduler_type="constant",
                     compile_layers=False, bf16=False, disable_tqdm=True, lora_layers=2)
-    return RFTConfig(**{**settings, **overrides})
+    return RFTConfig(**installed_spelling({**settings, **overrides}, {f.name for f in dataclasses.fields(RFTConfig)}))
 
 
 def logged_losses(log_path) -> list[float]:

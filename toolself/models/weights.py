@@ -149,8 +149,8 @@ def model_config(directory: str | os.PathLike) -> dict[str, Any] | None:
 # Recent transformers renamed gradient checkpointing to activation checkpointing. peft reads
 # `is_gradient_checkpointing` as it wraps a model, and TRL's KTO trainer calls
 # `gradient_checkpointing_disable` / `_enable` around its reference pass: a FutureWarning about a
-# library's own call at every adapter load or training run. (The TrainingArguments field, which
-# a user's own recipe may spell the old way, still warns.)
+# library's own call at every adapter load or training run. (TRL's default for the old name of
+# the TrainingArguments field is moved to the new one by `lora.accelerator_defaults`.)
 LIBRARY_CALLS_DEPRECATED = r"`(is_gradient_checkpointing|gradient_checkpointing_(enable|disable))` is deprecated"
 
 

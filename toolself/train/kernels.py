@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolself.train.collective import least_over_processes, process_count
+from toolself.train.lora import checkpointing_field
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ def choose_kernels(args: Any, model_config: Any, longest: int, padding_free: boo
         # Every process of a launched run must split the effective batch alike: their collectives
         # pair up by count, and two processes that split it 1 x 4 and 4 x 1 hung in their first step.
         free = least_over_processes(gpu_memory(args.device)[0], args.device)
-    checkpointing = bool(getattr(args, "gradient_checkpointing", False))
+    checkpointing = bool(getattr(args, checkpointing_field(args), False))
     effective = args.per_device_train_batch_size * args.gradient_accumulation_steps
     if resumed_batch and effective % resumed_batch == 0:
         batch, steps = resumed_batch, effective // resumed_batch

@@ -138,10 +138,19 @@ def accelerator_defaults(config: Any) -> None:
         # unused ones whenever the model is a PEFT wrapper: a walk of the autograd graph after
         # each forward pass, and a warning in every process that it found none.
         config.ddp_find_unused_parameters = False
+    if checkpointing_field(config) == "activation_checkpointing" and config.activation_checkpointing is None:
+        # TRL's configs default the old name to True, so every run would warn of a name its user
+        # never wrote; the value moves to the new name, which transformers then mirrors.
+        config.activation_checkpointing, config.gradient_checkpointing = config.gradient_checkpointing, None
     if not gpu and config.per_device_train_batch_size == 1:
-        # transformers 5.24 renamed the option; setting the old name there works but warns.
-        name = "activation_checkpointing" if hasattr(config, "activation_checkpointing") else "gradient_checkpointing"
-        setattr(config, name, False)
+        setattr(config, checkpointing_field(config), False)
+
+
+def checkpointing_field(config: Any) -> str:
+    """What the installed transformers calls gradient checkpointing, on a training config or its
+    class: transformers 5.24 renamed it `activation_checkpointing`, and the old name, which warns
+    there, goes in version 6."""
+    return "activation_checkpointing" if hasattr(config, "activation_checkpointing") else "gradient_checkpointing"
 
 
 def load_base(path: str | Path):
