@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import platform
 import statistics
 import time
 
@@ -34,17 +33,6 @@ def float32_model(shape: str) -> torch.nn.Module:
     return random_model(shape, dtype=torch.float32, device="cpu")[0].eval()
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="default")
@@ -52,7 +40,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from toolself.models.cores import usable_cores
+    from toolself.models.cores import cpu_name, usable_cores
     from toolself.models.half_linear import has_bfloat16_kernels, use_half_linears
     from toolself.models.memory import release_freed_memory
 

@@ -120,6 +120,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--episodes", type=int, default=5)
     args = parser.parse_args()
+    from toolself.models.cores import cpu_name
+
     results: dict[str, dict] = {}
     runners = {"toolself": toolself_episode}
     try:
@@ -139,7 +141,7 @@ def main() -> None:
     for name, (intervals, totals) in collected.items():
         results[name] = summarise(intervals, totals)
     out = {"benchmark": "overhead", "steps": args.steps, "episodes": args.episodes,
-           "machine": f"{platform.machine()} {platform.processor() or ''} python {platform.python_version()}".strip(),
+           "machine": f"{cpu_name()} python {platform.python_version()}",
            **results}
     if "median_ms" in results.get("smolagents", {}):
         out["smolagents_over_toolself_median"] = round(results["smolagents"]["median_ms"] / results["toolself"]["median_ms"], 2)

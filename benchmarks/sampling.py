@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from embedded import TASKS, TOOLS, _episode_messages  # noqa: E402
 
 from toolself.models import engine  # noqa: E402
+from toolself.models.cores import cpu_name  # noqa: E402
 
 TEMPERATURE = 0.7
 
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
     model = EmbeddedModel.load(dtype="float32", threads=1)
     try:
         generator = torch.Generator().manual_seed(0)
-        report = {"machine": {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+        report = {"machine": {"cpu": cpu_name(), "torch": torch.__version__,
                               "torch_threads": 1},
                   "per_row": [compare(default_model_logits(model, args.rows)),
                               compare(3 * torch.randn(args.rows, 151_936, generator=generator))]}

@@ -45,13 +45,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def device_info() -> dict[str, Any]:
     import torch
 
-    from toolself.models.cores import usable_cores
+    from toolself.models.cores import cpu_name, usable_cores
 
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         return {"device": "cuda", "name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
                 "cuda": torch.version.cuda}
-    return {"device": "cpu", "name": platform.processor() or platform.machine(), "cores": usable_cores()}
+    return {"device": "cpu", "name": cpu_name(), "cores": usable_cores()}
 
 
 def versions() -> dict[str, str]:
