@@ -16,11 +16,13 @@ from toolself.train.shapes import SHAPES  # noqa: E402
 QWEN3_VOCAB = 151_936
 
 
-def shape_config(shape: str, vocab_size: int = QWEN3_VOCAB):
+def shape_config(shape: str, vocab_size: int = QWEN3_VOCAB, **changed):
+    """A config of `shape`; `changed` given to the config class, so that what it derives (the
+    per-layer types from the layer count, say) follows."""
     from transformers import AutoConfig
 
     kind, dims = SHAPES[shape]
-    return AutoConfig.for_model(kind, vocab_size=vocab_size, **dims)
+    return AutoConfig.for_model(kind, vocab_size=vocab_size, **{**dims, **changed})
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -108,8 +110,7 @@ def test_a_tokens_key_and_value_bytes_are_read_from_the_config_as_the_model_cach
 
     from toolself.models.memory import kv_bytes_per_token
 
-    config = shape_config(shape, vocab_size=256)
-    config.num_hidden_layers = 2
+    config = shape_config(shape, vocab_size=256, num_hidden_layers=2)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
     with torch.no_grad():
         cache = model(torch.arange(5)[None], use_cache=True).past_key_values
