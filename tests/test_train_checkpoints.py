@@ -256,6 +256,12 @@ def test_two_processes_killed_mid_way_resume_together_and_end_as_if_never_stoppe
     assert C.last_complete_checkpoint(out / "checkpoints") == out / "checkpoints" / f"checkpoint-{KILLED_AT - 1}"
 
     resumed = train_rft_in_two_processes(tmp_path, tiny, attempts, out)
+    import transformers
+
+    if C.unrestorable_resume(2, "cpu", transformers.__version__):  # before 5.18: refused, saying so
+        assert resumed.returncode != 0 and "needs transformers 5.18 or later" in resumed.stderr
+        assert C.last_complete_checkpoint(out / "checkpoints") == out / "checkpoints" / f"checkpoint-{KILLED_AT - 1}"
+        return
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     result = json.loads((out / "train_result.json").read_text())
     assert result["extra"]["resumed_from_step"] == KILLED_AT - 1 and result["steps"] == STEPS
@@ -268,3 +274,10 @@ def test_two_processes_killed_mid_way_resume_together_and_end_as_if_never_stoppe
 
     again = train_rft_in_two_processes(tmp_path, tiny, attempts, out)
     assert again.returncode == 0 and "already holds this run's trained model" in again.stdout
+
+
+def test_a_resume_transformers_cannot_read_back_is_refused_only_for_several_cpu_processes_before_5_18():
+    assert "needs transformers 5.18 or later" in C.unrestorable_resume(2, "cpu", "5.17.0")
+    assert C.unrestorable_resume(2, "cpu", "5.18.0") is None
+    assert C.unrestorable_resume(2, "cuda", "5.17.0") is None  # a GPU's device restores
+    assert C.unrestorable_resume(1, "cpu", "5.17.0") is None  # one process reads it onto "cpu"

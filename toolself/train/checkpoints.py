@@ -155,3 +155,17 @@ def resumed_micro_batch(checkpoint: Path | None) -> int | None:
     """The micro-batch (sequences per process and micro-step) the checkpoint's run trained with."""
     size = trainer_state(checkpoint).get("train_batch_size") if checkpoint is not None else None
     return int(size) if size else None
+
+
+def unrestorable_resume(processes: int, device_type: str, transformers_version: str) -> str | None:
+    """Why this installation cannot resume a checkpoint, or None. transformers before 5.18 reads
+    a resumed run's optimizer state onto the training device when the run has several processes,
+    and on CPUs that device is an indexed "cpu:0", which torch cannot restore: the run would
+    fail after loading its model, with "don't know how to restore data location"."""
+    from packaging.version import Version
+
+    if processes > 1 and device_type == "cpu" and Version(transformers_version) < Version("5.18"):
+        return (f"resuming a run of {processes} processes on CPUs needs transformers 5.18 or later: "
+                f"{transformers_version} cannot read the checkpoint's optimizer state back "
+                "(pip install -U 'transformers>=5.18'; the checkpoint is kept)")
+    return None

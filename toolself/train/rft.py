@@ -107,12 +107,18 @@ def run_trainer(trainer, counter, out_dir: Path, log_path: Path, examples: int, 
 
     from toolself.interrupts import StoppedEarly
     from toolself.train.checkpoints import (CheckpointWhenAskedToStop, TimedCheckpoints, asked_to_stop,
-                                            remove_checkpoints, resumed_step, trim_log)
+                                            remove_checkpoints, resumed_step, trim_log, unrestorable_resume)
     from toolself.train.compact_head import use_compact_head
     from toolself.train.compiled_layers import compile_decoder_layers, should_compile
     from toolself.train.frozen_layers import cache_frozen_layers
 
     args, checkpoint = trainer.args, start.checkpoint
+    if checkpoint is not None:
+        import transformers
+
+        why = unrestorable_resume(args.world_size, args.device.type, transformers.__version__)
+        if why:
+            raise RuntimeError(why)
     use_compact_head(trainer.model)
     compiled, why = should_compile(getattr(args, "compile_layers", False), on_gpu=args.device.type != "cpu")
     if compiled:
