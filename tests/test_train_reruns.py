@@ -159,6 +159,15 @@ def test_a_checkpoint_of_another_run_is_refused_or_replaced_when_asked(tmp_path)
     assert json.loads((tmp_path / R.SETTINGS_FILE).read_text()) == DEFINITION
 
 
+def test_a_checkpoint_recorded_before_a_setting_existed_is_refused_naming_it(tmp_path):
+    # a KTO run checkpointed before its decisions were put in a seeded order: another order now
+    (tmp_path / R.SETTINGS_FILE).write_text(json.dumps(DEFINITION))
+    checkpoint(tmp_path / "checkpoints", 9)
+    now = {**DEFINITION, "settings": {**DEFINITION["settings"], "length_grouped": None}}
+    with pytest.raises(R.TrainingMismatch, match="length_grouped: was not recorded, now None"):
+        R.start_point(tmp_path, tmp_path / "checkpoints", now, resume=True)
+
+
 def test_a_checkpoint_made_in_another_number_of_processes_is_refused_with_how_to_launch_it_again(tmp_path):
     # a preempted job rescheduled onto fewer GPUs: the effective batch counts every process
     (tmp_path / R.SETTINGS_FILE).write_text(json.dumps({**DEFINITION, "settings": {"learning_rate": 0.01,

@@ -211,9 +211,15 @@ def changed_settings(was: dict[str, Any], now: dict[str, Any], prefix: str = "")
         old, new = was.get(name), now.get(name)
         if isinstance(old, dict) and isinstance(new, dict) and old and new:
             lines += changed_settings(old, new, f"{prefix}{name}.")
-        elif old != new:
-            lines.append(f"{prefix}{name}: was {old!r}, now {new!r}")
+        elif old != new or (name in was) != (name in now):
+            lines.append(f"{prefix}{name}: was {_recorded(was, name)}, now {_recorded(now, name)}")
     return lines
+
+
+def _recorded(settings: dict[str, Any], name: str) -> str:
+    """A setting's value as a refusal names it; one a run recorded before the setting existed is
+    "not recorded", which a value of None would read like."""
+    return repr(settings[name]) if name in settings else "not recorded"
 
 
 def atomic_write_lines(path: Path, lines: Iterable[str]) -> None:
