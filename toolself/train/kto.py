@@ -82,15 +82,16 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: CAT
     with PartialState().main_process_first():  # one process merges; the others then find it
         base = prepare_base(policy_path, out_dir)
     model, tokenizer = load_base(base)
-    longest = max(len(p) + len(c) for p, c in zip(dataset["prompt_ids"], dataset["completion_ids"])) \
-        if "prompt_ids" in (dataset.column_names or []) else config.max_length
-    kernels = use_kernels(model, config, longest, padding_free=False,
+    tokenized = "prompt_ids" in (dataset.column_names or [])
+    lengths = [len(p) + len(c) for p, c in zip(dataset["prompt_ids" if tokenized else "prompt"],
+                                               dataset["completion_ids" if tokenized else "completion"])]
+    kernels = use_kernels(model, config, max(lengths) if tokenized else config.max_length, padding_free=False,
                           min_batch=1 if config.loss_type == "apo_zero_unpaired" else 2,
                           why_padding_free="off: TRL's KTO collator pads (it has no padding-free form)",
-                          length_grouped=False,
-                          why_length_grouped="off: TRL's KTO trainer samples its decisions in order (each one's KL "
-                                             "completion is paired with it before training)",
-                          resumed_batch=resumed_micro_batch(start.checkpoint))
+                          length_grouped=config.length_grouped, resumed_batch=resumed_micro_batch(start.checkpoint),
+                          orders_its_data=True)
+    seed = config.seed if config.data_seed is None else config.data_seed
+    dataset = dataset.select(decision_order(lengths, kernels.batch_size, seed, kernels.length_grouped))
     collator = DataCollatorForUnpairedPreference(pad_token_id=tokenizer.pad_token_id, max_length=config.max_length)
     counter = TokenCounter()
     log = JsonlLog(log_path, counter, stage="kto",
@@ -100,3 +101,28 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: CAT
                                      data_collator=collator, peft_config=config.peft_config(model), callbacks=[log])
     return run_trainer(trainer, counter, out_dir, log_path, len(dataset), start,
                        extra={"weights": weights.to_dict(), "base": str(base), "kernels": kernels.to_dict()})
+
+
+def decision_order(lengths: list[int], micro_batch: int, seed: int, grouped: bool) -> list[int]:
+    """The order KTO trains on its decisions in. TRL's KTO trainer reads them in the dataset's
+    order (each one's KL completion is a neighbour's in its micro-batch), and the data builder
+    keeps each attempt's decisions together, attempt after attempt: read so, a micro-batch would
+    be one attempt's decisions under one label, its mismatched pairs from one episode, and an
+    epoch would go through the tasks one by one. So the order is shuffled with `seed`; `grouped`,
+    the shuffle is grouped by length as transformers' length-grouped sampler groups it (random
+    groups of up to 50 micro-batches, sorted within), so that a padded micro-batch pads little,
+    and then the micro-batches are shuffled, so that each optimizer step still mixes attempts of
+    every length. The micro-batch holding the longest decision comes first (a batch too large
+    for the device fails at once) and a partial one last (the others keep their boundaries)."""
+    import torch
+    from transformers.trainer_pt_utils import get_length_grouped_indices
+
+    generator = torch.Generator().manual_seed(seed)
+    if not grouped:
+        return torch.randperm(len(lengths), generator=generator).tolist()
+    order = get_length_grouped_indices(lengths, micro_batch, generator=generator)
+    batches = [order[i:i + micro_batch] for i in range(0, len(order), micro_batch)]
+    tail = batches.pop() if len(batches[-1]) < micro_batch else []
+    rest = batches[1:]  # transformers put the longest decision in the first
+    shuffled = [rest[b] for b in torch.randperm(len(rest), generator=generator).tolist()]
+    return [i for batch in batches[:1] + shuffled + [tail] for i in batch]

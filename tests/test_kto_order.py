@@ -1,0 +1,102 @@
+"""The order KTO trains on its decisions in: TRL's KTO trainer reads them as the dataset holds
+them, and the data builder keeps each attempt's decisions together, attempt after attempt."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("trl")
+pytest.importorskip("peft")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from padding import sequence_fraction  # noqa: E402
+from toolself.train.kto import decision_order  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def decisions(tiny):
+    """KTO's decisions on the expert teacher's attempts at four research tasks, some spoiled by
+    noise (so both labels), for the `tiny` model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from toolself.evals.teacher import scored_attempts
+    from toolself.tools.registry import default_pool
+    from toolself.train import data as D
+
+    pool = default_pool()
+    attempts = scored_attempts("builtin:research?hops=2", limit=4, noises=(0.0, 1.0), pool=pool)
+    renderer = D.Renderer(AutoTokenizer.from_pretrained(str(tiny)), D.tool_schemas(pool))
+    dataset, _, _ = D.build_kto_dataset(attempts, renderer, max_length=4096)
+    assert len(set(dataset["label"])) == 2
+    return dataset
+
+
+def lengths_of(dataset) -> list[int]:
+    return [len(p) + len(c) for p, c in zip(dataset["prompt_ids"], dataset["completion_ids"])]
+
+
+def one_attempt_share(attempts: list[str], order: list[int], batch: int) -> float:
+    """The share of whole micro-batches whose decisions all come from one attempt."""
+    chunks = [order[i:i + batch] for i in range(0, len(order) - batch + 1, batch)]
+    return sum(len({attempts[i] for i in chunk}) == 1 for chunk in chunks) / len(chunks)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_the_order_is_a_permutation_fixed_by_its_seed(grouped):
+    lengths = [(7 * i) % 23 + 1 for i in range(50)]
+    order = decision_order(lengths, 4, seed=3, grouped=grouped)
+    assert sorted(order) == list(range(50))
+    assert order == decision_order(lengths, 4, seed=3, grouped=grouped)
+    assert order != decision_order(lengths, 4, seed=4, grouped=grouped)
+
+
+def test_a_grouped_order_puts_the_longest_decision_first_and_a_partial_micro_batch_last():
+    lengths = [(7 * i) % 23 + 1 for i in range(50)] + [99]
+    for seed in range(5):
+        order = decision_order(lengths, 4, seed=seed, grouped=True)
+        assert 50 in order[:4]
+        tail = order[48:]  # 51 decisions: twelve whole micro-batches, then three
+        assert len(tail) == 3 and max(lengths[i] for i in tail) <= max(lengths[i] for i in order[:4])
+
+
+def test_the_builders_order_gives_micro_batches_of_one_attempt_and_a_shuffle_mixes_them(decisions):
+    attempts = decisions["trajectory_id"]
+    as_built = list(range(len(decisions)))
+    assert one_attempt_share(attempts, as_built, 4) > 0.5
+    for grouped in (False, True):
+        assert one_attempt_share(attempts, decision_order(lengths_of(decisions), 4, 0, grouped), 4) < 0.2
+
+
+def test_grouped_micro_batches_pad_far_less_than_shuffled_ones(decisions):
+    lengths = lengths_of(decisions)
+    shuffled = [sequence_fraction(lengths, decision_order(lengths, 4, seed, False), 4) for seed in range(5)]
+    grouped = [sequence_fraction(lengths, decision_order(lengths, 4, seed, True), 4) for seed in range(5)]
+    assert min(grouped) > max(shuffled) + 0.1  # 89-92% against 71-77% here
+
+
+def test_kto_trains_on_its_decisions_in_their_order_not_the_builders(tmp_path, tiny, decisions):
+    from toolself.train import kto as K
+    from toolself.train.kto_config import CATKTOConfig
+
+    seen = []
+    prepare = K.PretokenizedKTOTrainer._prepare_dataset
+
+    def recording(self, dataset, *args, **kwargs):
+        seen.append(list(dataset["trajectory_id"]))
+        return prepare(self, dataset, *args, **kwargs)
+
+    K.PretokenizedKTOTrainer._prepare_dataset = recording
+    try:
+        config = CATKTOConfig(output_dir=str(tmp_path / "ck"), max_steps=1, per_device_train_batch_size=4,
+                              gradient_accumulation_steps=1, bf16=False, disable_tqdm=True, seed=5)
+        result = K.train_kto(decisions, tiny, tmp_path / "kto", config)
+    finally:
+        K.PretokenizedKTOTrainer._prepare_dataset = prepare
+    order = decision_order(lengths_of(decisions), 4, 5, grouped=True)
+    assert seen[0] == [decisions["trajectory_id"][i] for i in order]
+    assert result.extra["kernels"]["length_grouped"] is True
