@@ -1,6 +1,8 @@
 """How much of a padded RFT batch is sequence rather than padding, for random micro-batches and
 for length-grouped ones (transformers' LengthGroupedSampler, which RFT uses by default for
-padded batches of more than one sequence), on the expert teacher's trajectories. Prints JSON.
+padded batches of more than one sequence), on the expert teacher's trajectories; and the same
+for KTO's decisions in the orders KTO can read them in (`kto.decision_order`), with how many
+micro-batches hold a single attempt's decisions or a single label. Prints JSON.
 
     python benchmarks/padding.py [--trajectories .gpu/trajectories.jsonl] [--batches 2,4,8] [--seeds 5]
 
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         attempts, schemas = teacher_attempts([s for s in args.tasks.split(",") if s], args.limit)
         tokenizer = default_model_dir()
-    sft, _ = datasets(tokenizer, attempts, schemas, args.max_length, kto=False)
+    sft, kto = datasets(tokenizer, attempts, schemas, args.max_length, kto=True)
     lengths = [len(ids) for ids in sft["input_ids"]]
     report: dict[str, Any] = {"sequences": len(lengths), "mean_length": round(statistics.mean(lengths), 1),
                               "max_length": max(lengths), "batches": {}}
@@ -67,7 +69,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             grouped.append(sequence_fraction(lengths, list(sampler), batch))
         report["batches"][batch] = {"random": round(statistics.mean(random), 3),
                                     "length_grouped": round(statistics.mean(grouped), 3)}
+    report["kto"] = kto_orders(kto, [int(b) for b in args.batches.split(",")], args.seeds)
     print(json.dumps(report, indent=2))
+    return report
+
+
+def kto_orders(kto: Any, batches: list[int], seeds: int) -> dict[str, Any]:
+    """KTO's decisions cut into micro-batches in the builder's order (each attempt's decisions
+    together), shuffled, and shuffled in length groups: the share of sequence, and the share of
+    micro-batches whose decisions all come from one attempt or all carry one label."""
+    from toolself.train.kto import decision_order
+
+    lengths = [len(p) + len(c) for p, c in zip(kto["prompt_ids"], kto["completion_ids"])]
+    attempts, labels = kto["trajectory_id"], kto["label"]
+
+    def measure(order: list[int], batch: int) -> dict[str, float]:
+        chunks = [order[i:i + batch] for i in range(0, len(order) - batch + 1, batch)]
+        return {"sequence": sequence_fraction(lengths, order, batch),
+                "one_attempt": sum(len({attempts[i] for i in c}) == 1 for c in chunks) / len(chunks),
+                "one_label": sum(len({labels[i] for i in c}) == 1 for c in chunks) / len(chunks)}
+
+    report: dict[str, Any] = {"decisions": len(lengths), "attempts": len(set(attempts)),
+                              "desirable": sum(map(bool, labels)), "mean_length": round(statistics.mean(lengths), 1),
+                              "batches": {}}
+    for batch in batches:
+        runs: dict[str, list[dict[str, float]]] = {"as_built": [measure(list(range(len(lengths))), batch)]}
+        for seed in range(seeds):
+            runs.setdefault("shuffled", []).append(measure(decision_order(lengths, batch, seed, False), batch))
+            runs.setdefault("length_grouped", []).append(measure(decision_order(lengths, batch, seed, True), batch))
+        report["batches"][batch] = {order: {k: round(statistics.mean(m[k] for m in ms), 3) for k in ms[0]}
+                                    for order, ms in runs.items()}
     return report
 
 
