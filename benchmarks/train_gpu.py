@@ -247,6 +247,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         default="auto", help="the attention kernel (auto: the trainers' choice for the device)")
     parser.add_argument("--padding-free", choices=["auto", "on", "off"], default="auto",
                         help="RFT's flattened batches (auto: on with flash or flex attention)")
+    parser.add_argument("--length-grouped", choices=["auto", "on", "off"], default="auto",
+                        help="micro-batches of similar lengths (RFT's sampler, KTO's decision order)")
     parser.add_argument("--liger", choices=["auto", "on", "off"], default="auto",
                         help="Liger's fused kernels (auto: on a CUDA GPU when liger-kernel is installed)")
     parser.add_argument("--decode-tokens", type=int, default=64, help="tokens per decoding request (0: skip)")
@@ -297,7 +299,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       gradient_checkpointing=not args.no_checkpointing, max_length=args.max_length,
                       disable_tqdm=True, warmup_steps=0, num_train_epochs=1000,  # steps, not epochs, end a run
                       attn_implementation=None if args.attention == "auto" else args.attention,
-                      use_liger_kernel=switch[args.liger])
+                      use_liger_kernel=switch[args.liger], length_grouped=switch[args.length_grouped])
         common = installed_spelling(common, {f.name for f in dataclasses.fields(RFTConfig)})  # as the commands do
         rft_config = RFTConfig(output_dir=str(work / "rft" / "checkpoints"), compile_layers=switch[args.compile_layers],
                                padding_free=switch[args.padding_free], **common)
