@@ -49,10 +49,10 @@ class CATKTOConfig(KTOOptions, _TRLKTOConfig, KernelArguments):
 
     length_grouped: bool | None = field(
         default=None,
-        metadata={"help": "Put decisions of similar length into each micro-batch (random groups of 50 micro-batches, "
-                          "sorted within, then the micro-batches shuffled), so that a padded batch pads little; off, "
-                          "the decisions are only shuffled. Default (None): on for micro-batches of more than one "
-                          "decision."})
+        metadata={"help": "Put decisions of similar length into each micro-batch (random groups of up to 50 "
+                          "micro-batches, sorted within, then the micro-batches shuffled), so that a padded batch "
+                          "pads little; off, the decisions are only shuffled. Default (None): on for micro-batches "
+                          "of more than one decision."})
 
     def __post_init__(self) -> None:
         if self.loss_type != "apo_zero_unpaired" and self.per_device_train_batch_size < 2:

@@ -112,10 +112,10 @@ def accelerator_defaults(config: Any) -> None:
     """bf16 mixed precision where the hardware computes in it: a GPU that supports it, or a CPU
     with AVX512-BF16 / AMX (2x the fp32 throughput of the 135M model's training there); fp32
     elsewhere. Without a GPU, training is on the CPU (`use_cpu`), and fp16 is refused. Gradient
-    checkpointing stays on (TRL's default) except for single-sequence micro-batches on a CPU: there a padded
-    batch's attention takes the math path and keeps a (heads x length x length) matrix per
-    layer, while a lone unpadded sequence takes the memory-efficient path and recomputing the
-    forward pass would cost a third of the step for nothing
+    checkpointing stays on (TRL's default) except for single-sequence micro-batches on a CPU:
+    there a padded batch's attention takes the math path and keeps a (heads x length x length)
+    matrix per layer, while a lone unpadded sequence takes the memory-efficient path and
+    recomputing the forward pass would cost a third of the step for nothing
     (docs/notes/2026-12-03-kto-without-recomputation.md)."""
     import torch
 

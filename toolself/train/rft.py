@@ -116,9 +116,9 @@ def run_trainer(trainer, counter, out_dir: Path, log_path: Path, examples: int, 
     if checkpoint is not None:
         import transformers
 
-        why = unrestorable_resume(args.world_size, args.device.type, transformers.__version__)
-        if why:
-            raise RuntimeError(why)
+        refusal = unrestorable_resume(args.world_size, args.device.type, transformers.__version__)
+        if refusal:
+            raise RuntimeError(refusal)
     use_compact_head(trainer.model)
     compiled, why = should_compile(getattr(args, "compile_layers", False), on_gpu=args.device.type != "cpu")
     if compiled:
