@@ -23,16 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def sequence_fraction(lengths: list[int], order: list[int], batch: int) -> float:
-    """Real tokens over padded positions when `order` is cut into micro-batches of `batch`."""
-    real = slots = 0
-    for start in range(0, len(order) - batch + 1, batch):
-        chunk = [lengths[i] for i in order[start : start + batch]]
-        real += sum(chunk)
-        slots += max(chunk) * batch
-    return real / slots
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trajectories", type=Path, default=None,
@@ -48,6 +38,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from transformers.trainer_pt_utils import LengthGroupedSampler
 
     from toolself.models.weights import default_model_dir
+    from toolself.train.kernels import sequence_share
     from train_gpu import TOKENIZER, carried_attempts, datasets, teacher_attempts
 
     if args.trajectories:
@@ -64,9 +55,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         random, grouped = [], []
         for seed in range(args.seeds):
             order = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed)).tolist()
-            random.append(sequence_fraction(lengths, order, batch))
+            random.append(sequence_share(lengths, order, batch))
             sampler = LengthGroupedSampler(batch, lengths=lengths, generator=torch.Generator().manual_seed(seed))
-            grouped.append(sequence_fraction(lengths, list(sampler), batch))
+            grouped.append(sequence_share(lengths, list(sampler), batch))
         report["batches"][batch] = {"random": round(statistics.mean(random), 3),
                                     "length_grouped": round(statistics.mean(grouped), 3)}
     report["kto"] = kto_orders(kto, [int(b) for b in args.batches.split(",")], args.seeds)
@@ -78,6 +69,7 @@ def kto_orders(kto: Any, batches: list[int], seeds: int) -> dict[str, Any]:
     """KTO's decisions cut into micro-batches in the builder's order (each attempt's decisions
     together), shuffled, and shuffled in length groups: the share of sequence, and the share of
     micro-batches whose decisions all come from one attempt or all carry one label."""
+    from toolself.train.kernels import sequence_share
     from toolself.train.kto import decision_order
 
     lengths = [len(p) + len(c) for p, c in zip(kto["prompt_ids"], kto["completion_ids"])]
@@ -85,7 +77,7 @@ def kto_orders(kto: Any, batches: list[int], seeds: int) -> dict[str, Any]:
 
     def measure(order: list[int], batch: int) -> dict[str, float]:
         chunks = [order[i:i + batch] for i in range(0, len(order) - batch + 1, batch)]
-        return {"sequence": sequence_fraction(lengths, order, batch),
+        return {"sequence": sequence_share(lengths, order, batch),
                 "one_attempt": sum(len({attempts[i] for i in c}) == 1 for c in chunks) / len(chunks),
                 "one_label": sum(len({labels[i] for i in c}) == 1 for c in chunks) / len(chunks)}
 

@@ -3,18 +3,13 @@ them, and the data builder keeps each attempt's decisions together, attempt afte
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from padding import sequence_fraction  # noqa: E402
+from toolself.train.kernels import sequence_share  # noqa: E402
 from toolself.train.kto import decision_order  # noqa: E402
 
 
@@ -74,8 +69,8 @@ def test_the_builders_order_gives_micro_batches_of_one_attempt_and_a_shuffle_mix
 
 def test_grouped_micro_batches_pad_far_less_than_shuffled_ones(decisions):
     lengths = lengths_of(decisions)
-    shuffled = [sequence_fraction(lengths, decision_order(lengths, 4, seed, False), 4) for seed in range(5)]
-    grouped = [sequence_fraction(lengths, decision_order(lengths, 4, seed, True), 4) for seed in range(5)]
+    shuffled = [sequence_share(lengths, decision_order(lengths, 4, seed, False), 4) for seed in range(5)]
+    grouped = [sequence_share(lengths, decision_order(lengths, 4, seed, True), 4) for seed in range(5)]
     assert min(grouped) > max(shuffled) + 0.1  # 89-92% against 71-77% here
 
 

@@ -131,3 +131,32 @@ def test_a_package_that_imports_one_way_has_no_cycle(tmp_path):
         "high.py": "def f():\n    from toolself.low import x\n    return x\n",
     })
     assert find_cycle(import_graph(package)) is None
+
+
+def module_level_path_changes(source: str) -> list[int]:
+    """Lines where a module touches `sys.path` as it is imported (outside any function)."""
+    lines, pending = [], list(ast.parse(source).body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
+                and node.value.id == "sys":
+            lines.append(node.lineno)
+        pending.extend(ast.iter_child_nodes(node))
+    return sorted(lines)
+
+
+def test_no_test_module_changes_sys_path_as_it_is_collected():
+    # All test modules are imported into each worker: one that put benchmarks/ first on the
+    # path made `import ray` in a later one find benchmarks/ray.py instead of the package.
+    tests = Path(__file__).resolve().parent
+    changed = {p.name: found for p in sorted(tests.glob("*.py"))
+               if (found := module_level_path_changes(p.read_text(encoding="utf-8")))}
+    assert changed == {}
+
+
+def test_a_test_module_that_puts_a_folder_on_sys_path_is_found():
+    assert module_level_path_changes("import sys\nsys.path.insert(0, 'benchmarks')\n") == [2]
+    assert module_level_path_changes("import sys\nsys.path[:] = []\n") == [2]
+    assert module_level_path_changes("import sys\ndef f():\n    sys.path.insert(0, 'x')\n") == []

@@ -114,6 +114,17 @@ def choose_liger(requested: bool | None, on_cuda: bool, installed: bool) -> tupl
     return False, "auto: no CUDA GPU" if not on_cuda else "auto: liger-kernel not installed"
 
 
+def sequence_share(lengths: list[int], order: list[int], micro_batch: int) -> float:
+    """The share of a padded micro-batch's positions that hold sequence, over the whole
+    micro-batches of examples of `lengths` taken in `order`: what length grouping raises."""
+    real = slots = 0
+    for start in range(0, len(order) - micro_batch + 1, micro_batch):
+        chunk = [lengths[i] for i in order[start:start + micro_batch]]
+        real += sum(chunk)
+        slots += max(chunk) * micro_batch
+    return real / slots
+
+
 def choose_length_grouping(requested: bool | None, padding_free: bool, batch: int,
                            strategy: str = "random") -> tuple[bool, str]:
     """Micro-batches of similar lengths where a batch is padded: trajectory sequences differ
