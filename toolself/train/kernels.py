@@ -177,8 +177,7 @@ def choose_batch(batch: int, accumulation: int, longest: int, free_bytes: int | 
 
 def choose_kernels(args: Any, model_config: Any, longest: int, padding_free: bool | None,
                    min_batch: int = 1, why_padding_free: str | None = None, length_grouped: bool | None = None,
-                   why_length_grouped: str | None = None, resumed_batch: int | None = None,
-                   orders_its_data: bool = False) -> KernelChoice:
+                   resumed_batch: int | None = None, orders_its_data: bool = False) -> KernelChoice:
     """Decide every choice for a run with training arguments `args` (an RFT or KTO config) on
     a model with `model_config`, whose longest sequence has `longest` tokens. resumed_batch: the
     micro-batch of the run being resumed, kept whatever memory is free now: the trainer skips the
@@ -218,19 +217,18 @@ def choose_kernels(args: Any, model_config: Any, longest: int, padding_free: boo
     grouped, why_grouped = choose_length_grouping(length_grouped, packed, batch, strategy)
     return KernelChoice(attention, packed, liger, batch, steps, grouped,
                         {"attention": why_attention, "padding_free": why_packed, "liger": why_liger,
-                         "batch_size": why_batch, "length_grouped": why_length_grouped or why_grouped})
+                         "batch_size": why_batch, "length_grouped": why_grouped})
 
 
 def use_kernels(model: Any, args: Any, longest: int, padding_free: bool | None = None,
                 min_batch: int = 1, why_padding_free: str | None = None, length_grouped: bool | None = None,
-                why_length_grouped: str | None = None, resumed_batch: int | None = None,
-                orders_its_data: bool = False) -> KernelChoice:
+                resumed_batch: int | None = None, orders_its_data: bool = False) -> KernelChoice:
     """Choose, then set the choices on `model` and on `args` before the trainer is built, and log
     them. TRL's own padding-free flag is cleared: it refuses a custom collator, and ours (which
     counts tokens) flattens the batch itself when `choice.padding_free`. A run that
     `orders_its_data` groups by length itself; otherwise the trainer's sampler does."""
     choice = choose_kernels(args, model.config, longest, padding_free, min_batch, why_padding_free,
-                            length_grouped, why_length_grouped, resumed_batch, orders_its_data)
+                            length_grouped, resumed_batch, orders_its_data)
     if choice.length_grouped and not orders_its_data:
         args.train_sampling_strategy = "group_by_length"
     if getattr(model.config, "_attn_implementation", None) != choice.attention:
