@@ -70,9 +70,9 @@ def kto_orders(kto: Any, batches: list[int], seeds: int) -> dict[str, Any]:
     together), shuffled, and shuffled in length groups: the share of sequence, and the share of
     micro-batches whose decisions all come from one attempt or all carry one label."""
     from toolself.train.kernels import sequence_share
-    from toolself.train.kto import decision_order
+    from toolself.train.kto import decision_lengths, decision_order
 
-    lengths = [len(p) + len(c) for p, c in zip(kto["prompt_ids"], kto["completion_ids"])]
+    lengths = decision_lengths(kto)
     attempts, labels = kto["trajectory_id"], kto["label"]
 
     def measure(order: list[int], batch: int) -> dict[str, float]:

@@ -10,7 +10,7 @@ pytest.importorskip("trl")
 pytest.importorskip("peft")
 
 from toolself.train.kernels import sequence_share  # noqa: E402
-from toolself.train.kto import decision_order  # noqa: E402
+from toolself.train.kto import decision_lengths, decision_order  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +29,6 @@ def decisions(tiny):
     dataset, _, _ = D.build_kto_dataset(attempts, renderer, max_length=4096)
     assert len(set(dataset["label"])) == 2
     return dataset
-
-
-def lengths_of(dataset) -> list[int]:
-    return [len(p) + len(c) for p, c in zip(dataset["prompt_ids"], dataset["completion_ids"])]
 
 
 def one_attempt_share(attempts: list[str], order: list[int], batch: int) -> float:
@@ -64,11 +60,11 @@ def test_the_builders_order_gives_micro_batches_of_one_attempt_and_a_shuffle_mix
     as_built = list(range(len(decisions)))
     assert one_attempt_share(attempts, as_built, 4) > 0.5
     for grouped in (False, True):
-        assert one_attempt_share(attempts, decision_order(lengths_of(decisions), 4, 0, grouped), 4) < 0.2
+        assert one_attempt_share(attempts, decision_order(decision_lengths(decisions), 4, 0, grouped), 4) < 0.2
 
 
 def test_grouped_micro_batches_pad_far_less_than_shuffled_ones(decisions):
-    lengths = lengths_of(decisions)
+    lengths = decision_lengths(decisions)
     shuffled = [sequence_share(lengths, decision_order(lengths, 4, seed, False), 4) for seed in range(5)]
     grouped = [sequence_share(lengths, decision_order(lengths, 4, seed, True), 4) for seed in range(5)]
     assert min(grouped) > max(shuffled) + 0.1  # 89-92% against 71-77% here
@@ -92,6 +88,6 @@ def test_kto_trains_on_its_decisions_in_their_order_not_the_builders(tmp_path, t
         result = K.train_kto(decisions, tiny, tmp_path / "kto", config)
     finally:
         K.PretokenizedKTOTrainer._prepare_dataset = prepare
-    order = decision_order(lengths_of(decisions), 4, 5, grouped=True)
+    order = decision_order(decision_lengths(decisions), 4, 5, grouped=True)
     assert seen[0] == [decisions["trajectory_id"][i] for i in order]
     assert result.extra["kernels"]["length_grouped"] is True

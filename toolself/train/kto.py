@@ -83,8 +83,7 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: CAT
         base = prepare_base(policy_path, out_dir)
     model, tokenizer = load_base(base)
     tokenized = "prompt_ids" in (dataset.column_names or [])
-    lengths = [len(p) + len(c) for p, c in zip(dataset["prompt_ids" if tokenized else "prompt"],
-                                               dataset["completion_ids" if tokenized else "completion"])]
+    lengths = decision_lengths(dataset)
     kernels = use_kernels(model, config, max(lengths) if tokenized else config.max_length, padding_free=False,
                           min_batch=1 if config.loss_type == "apo_zero_unpaired" else 2,
                           why_padding_free="off: TRL's KTO collator pads (it has no padding-free form)",
@@ -101,6 +100,14 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: CAT
                                      data_collator=collator, peft_config=config.peft_config(model), callbacks=[log])
     return run_trainer(trainer, counter, out_dir, log_path, len(dataset), start,
                        extra={"weights": weights.to_dict(), "base": str(base), "kernels": kernels.to_dict()})
+
+
+def decision_lengths(dataset) -> list[int]:
+    """Each decision's prompt and completion length: in tokens, or in characters for a dataset of
+    text that TRL is still to tokenize."""
+    tokenized = "prompt_ids" in (dataset.column_names or [])
+    return [len(p) + len(c) for p, c in zip(dataset["prompt_ids" if tokenized else "prompt"],
+                                            dataset["completion_ids" if tokenized else "completion"])]
 
 
 def decision_order(lengths: list[int], micro_batch: int, seed: int, grouped: bool) -> list[int]:
