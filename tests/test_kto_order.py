@@ -10,7 +10,7 @@ pytest.importorskip("trl")
 pytest.importorskip("peft")
 
 from toolself.train.kernels import sequence_share  # noqa: E402
-from toolself.train.kto import decision_lengths, decision_order  # noqa: E402
+from toolself.train.kto import decision_lengths, decision_order, epoch_order  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +91,44 @@ def test_kto_trains_on_its_decisions_in_their_order_not_the_builders(tmp_path, t
     order = decision_order(decision_lengths(decisions), 4, 5, grouped=True)
     assert seen[0] == [decisions["trajectory_id"][i] for i in order]
     assert result.extra["kernels"]["length_grouped"] is True
+
+
+def test_the_first_epoch_reads_the_decisions_as_ordered_and_later_ones_move_only_whole_micro_batches():
+    first = epoch_order(23, 4, seed=1, epoch=0)
+    assert first == list(range(23))
+    whole = {tuple(range(i, i + 4)) for i in range(0, 20, 4)}
+    orders = [epoch_order(23, 4, seed=1, epoch=e) for e in (1, 2)]
+    for order in orders:
+        assert {tuple(order[i:i + 4]) for i in range(0, 20, 4)} == whole
+        assert order[20:] == [20, 21, 22]
+    assert first != orders[0] != orders[1]
+    assert orders[0] == epoch_order(23, 4, seed=1, epoch=1) != epoch_order(23, 4, seed=2, epoch=1)
+
+
+def test_kto_reads_its_micro_batches_in_a_new_order_each_epoch_each_with_its_own_kl_completions(
+        tmp_path, tiny, decisions, monkeypatch):
+    from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
+
+    from toolself.train import kto as K
+    from toolself.train.kto_config import CATKTOConfig
+
+    batches = []
+    collate = DataCollatorForUnpairedPreference.__call__
+
+    def recording(self, examples):
+        completions = {tuple(e["completion_ids"]) for e in examples}
+        assert {tuple(e["KL_completion_ids"]) for e in examples} == completions
+        batches.append(frozenset(tuple(e["prompt_ids"] + e["completion_ids"]) for e in examples))
+        return collate(self, examples)
+
+    monkeypatch.setattr(DataCollatorForUnpairedPreference, "__call__", recording)
+    labels, lengths = decisions["label"], decision_lengths(decisions)
+    shortest = sorted(range(len(decisions)), key=lengths.__getitem__)
+    subset = decisions.select([i for i in shortest if labels[i]][:6] + [i for i in shortest if not labels[i]][:2])
+    config = CATKTOConfig(output_dir=str(tmp_path / "ck"), num_train_epochs=2, per_device_train_batch_size=2,
+                          gradient_accumulation_steps=1, bf16=False, disable_tqdm=True, seed=5)
+    K.train_kto(subset, tiny, tmp_path / "kto", config)
+    assert len(batches) == 8
+    first, second = batches[:4], batches[4:]
+    assert set(first) == set(second) and len(set(first)) == 4
+    assert first != second

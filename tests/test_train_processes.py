@@ -111,21 +111,34 @@ def test_two_processes_train_and_count_what_one_process_does_with_the_same_effec
 
 
 KTO_RUN = textwrap.dedent("""
-    import json, sys
+    import json, os, sys
     from datasets import load_from_disk
+    from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
     from toolself.train.kto import train_kto
     from toolself.train.kto_config import CATKTOConfig
 
     data, policy, out, config = sys.argv[1:]
+    collate = DataCollatorForUnpairedPreference.__call__
+
+    def recording(self, examples):  # each micro-batch this process reads, in order
+        with open(f"{out}.batches-{os.environ['RANK']}.jsonl", "a") as f:
+            f.write(json.dumps({key: sorted(e[key] for e in examples)
+                                for key in ("completion_ids", "KL_completion_ids")}) + "\\n")
+        return collate(self, examples)
+
+    DataCollatorForUnpairedPreference.__call__ = recording
     train_kto(load_from_disk(data), policy, out, CATKTOConfig(**json.loads(config)))
 """)
 
 
 @pytest.mark.slow
-def test_kto_in_two_processes_uses_every_adapter_weight_so_ddp_looks_for_no_unused_one(tmp_path, tiny, tiny_attempts):
+def test_kto_in_two_processes_uses_every_adapter_weight_and_reads_each_epoch_in_a_new_order(tmp_path, tiny,
+                                                                                            tiny_attempts):
     """DDP told to find unused parameters walks the autograd graph after every forward pass,
     and warns in each process when it finds none. Every adapter weight is used at every step, so
-    it is not asked to; were one unused, DDP would refuse the next step, so the run trains four."""
+    it is not asked to; were one unused, DDP would refuse the next step, so the run trains eight.
+    Eight steps are two epochs: the second shares the first's micro-batches out between the
+    processes in another order, each micro-batch still with its own KL completions."""
     from transformers import AutoTokenizer
 
     from toolself.train import data as D
@@ -137,15 +150,22 @@ def test_kto_in_two_processes_uses_every_adapter_weight_so_ddp_looks_for_no_unus
     decisions.save_to_disk(str(tmp_path / "data"))
     script, out = tmp_path / "kto.py", tmp_path / "kto"
     script.write_text(KTO_RUN)
-    settings = dict(output_dir=str(out / "checkpoints"), max_steps=4, num_train_epochs=100,
+    settings = dict(output_dir=str(out / "checkpoints"), max_steps=8, num_train_epochs=100,
                     per_device_train_batch_size=2, gradient_accumulation_steps=1, warmup_steps=0, bf16=False,
                     disable_tqdm=True, lora_layers=2, max_length=256)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            str(script), str(tmp_path / "data"), str(tiny), str(out), json.dumps(settings)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads((out / "train_result.json").read_text())["steps"] == 4
+    assert json.loads((out / "train_result.json").read_text())["steps"] == 8
     assert "find_unused_parameters=True" not in done.stderr
+    read = {rank: [json.loads(line) for line in Path(f"{out}.batches-{rank}.jsonl").read_text().splitlines()]
+            for rank in (0, 1)}
+    assert all(batch["KL_completion_ids"] == batch["completion_ids"] for rank in read for batch in read[rank])
+    # 16 decisions, micro-batches of 2 on each of two processes: four steps an epoch
+    epochs = [[json.dumps(batch) for rank in (0, 1) for batch in read[rank][e * 4:(e + 1) * 4]] for e in (0, 1)]
+    assert sorted(epochs[0]) == sorted(epochs[1]) and len(set(epochs[0])) == 8
+    assert epochs[0] != epochs[1]
 
 
 # One process of a launched run on a GPU node, its GPU faked: CUDA there, with `free` GiB free.

@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 from typing import Callable
 
+from torch.utils.data import Sampler
 from trl import KTOTrainer
 
 from toolself.train.data import kto_weights
@@ -23,7 +24,12 @@ logger = logging.getLogger(__name__)
 
 
 class PretokenizedKTOTrainer(KTOTrainer):
-    """A `KTOTrainer` that accepts datasets already holding `prompt_ids` / `completion_ids`."""
+    """A `KTOTrainer` that accepts datasets already holding `prompt_ids` / `completion_ids`, and
+    reads its micro-batches in a new order each epoch."""
+
+    def _get_train_sampler(self, train_dataset=None):
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        return EpochShuffledMicroBatches(len(dataset), self.args.per_device_train_batch_size, order_seed(self.args))
 
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
         if "prompt_ids" not in (dataset.column_names or []):
@@ -89,8 +95,7 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: CAT
                           why_padding_free="off: TRL's KTO collator pads (it has no padding-free form)",
                           length_grouped=config.length_grouped, resumed_batch=resumed_micro_batch(start.checkpoint),
                           orders_its_data=True)
-    seed = config.seed if config.data_seed is None else config.data_seed
-    dataset = dataset.select(decision_order(lengths, kernels.batch_size, seed, kernels.length_grouped))
+    dataset = dataset.select(decision_order(lengths, kernels.batch_size, order_seed(config), kernels.length_grouped))
     collator = DataCollatorForUnpairedPreference(pad_token_id=tokenizer.pad_token_id, max_length=config.max_length)
     counter = TokenCounter()
     log = JsonlLog(log_path, counter, stage="kto",
@@ -133,3 +138,41 @@ def decision_order(lengths: list[int], micro_batch: int, seed: int, grouped: boo
     rest = batches[1:]  # transformers put the longest decision in the first
     shuffled = [rest[b] for b in torch.randperm(len(rest), generator=generator).tolist()]
     return [i for batch in batches[:1] + shuffled + [tail] for i in batch]
+
+
+def order_seed(config) -> int:
+    return config.seed if config.data_seed is None else config.data_seed
+
+
+def epoch_order(size: int, micro_batch: int, seed: int, epoch: int) -> list[int]:
+    """Which of the dataset's rows epoch `epoch` reads, in order. TRL's KTO trainer reads the rows
+    sequentially, and each row's KL completion was taken from its micro-batch when the dataset
+    was prepared, so a later epoch may only move whole micro-batches: it shuffles them, with
+    the partial one last (the others keep their boundaries). The first epoch reads the rows as
+    they are, in `decision_order`'s order."""
+    import random
+
+    rows = list(range(size))
+    if epoch == 0:
+        return rows
+    batches = [rows[i:i + micro_batch] for i in range(0, size, micro_batch)]
+    tail = batches.pop() if len(batches[-1]) < micro_batch else []
+    random.Random(f"kto-epoch:{seed}:{epoch}").shuffle(batches)
+    return [i for batch in batches + [tail] for i in batch]
+
+
+class EpochShuffledMicroBatches(Sampler[int]):
+    """The sampler for `epoch_order`: the trainer (through accelerate's data loader, sharded or
+    not) tells it the epoch before each pass, also when a resumed run skips into one."""
+
+    def __init__(self, size: int, micro_batch: int, seed: int):
+        self.size, self.micro_batch, self.seed, self.epoch = size, micro_batch, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        return iter(epoch_order(self.size, self.micro_batch, self.seed, self.epoch))
+
+    def __len__(self) -> int:
+        return self.size
