@@ -223,7 +223,7 @@ def test_every_process_saves_when_the_first_one_is_due_and_none_when_it_is_not(f
     assert [out.strip() for out, _ in answers] == [str(first_is_due)] * 2
 
 
-TWO_PROCESSES = KILLER + textwrap.dedent("""
+LAUNCHED = KILLER + textwrap.dedent("""
     import runpy, sys
 
     sys.argv = ["toolself"] + sys.argv[1:]
@@ -231,11 +231,15 @@ TWO_PROCESSES = KILLER + textwrap.dedent("""
 """)
 
 
-def train_rft_in_two_processes(tmp_path: Path, tiny: Path, attempts: Path, out: Path,
-                               kill: bool = False) -> subprocess.CompletedProcess:
-    script = tmp_path / "two_processes.py"
-    script.write_text(TWO_PROCESSES)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
+def train_rft_in_processes(tmp_path: Path, tiny: Path, attempts: Path, out: Path, processes: int = 2,
+                           kill: bool = False) -> subprocess.CompletedProcess:
+    """`train rft`, with a micro-batch of one and two accumulation steps, under torchrun in
+    `processes` processes, or without a launcher in one."""
+    script = tmp_path / "launched.py"
+    script.write_text(LAUNCHED)
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)] if processes > 1 \
+        else []
+    command = [sys.executable, *launcher, str(script),
                "train", "rft", "--trajectories", str(attempts), "--student", str(tiny), "--out", str(out),
                "--max-length", "256", "--max-steps", str(STEPS), "--batch-size", "1", "--grad-accum", "2",
                "--eager-layers", "--checkpoint-minutes", "1e-9"]
@@ -243,19 +247,40 @@ def train_rft_in_two_processes(tmp_path: Path, tiny: Path, attempts: Path, out: 
     return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
 
 
+def ends_as(out: Path, whole: Path) -> None:
+    """`out` logged every step once, with `whole`'s losses, and saved `whole`'s adapter."""
+    steps, losses = zip(*logged(out / "train_log.jsonl"))
+    assert list(steps) == list(range(1, STEPS + 1))
+    assert list(losses) == pytest.approx([loss for _, loss in logged(whole / "train_log.jsonl")], rel=1e-5)
+    final, expected = adapter(out), adapter(whole)
+    assert all(final[name].allclose(expected[name], rtol=1e-4, atol=1e-6) for name in expected)
+
+
 @pytest.mark.slow
-def test_two_processes_killed_mid_way_resume_together_and_end_as_if_never_stopped(tmp_path, tiny, tiny_attempts):
+def test_two_processes_killed_mid_way_resume_together_or_in_one_and_end_as_if_never_stopped(tmp_path, tiny,
+                                                                                            tiny_attempts):
     """The multi-GPU path (`accelerate launch` / torchrun, one process per GPU) on gloo: the
-    processes agree on when to save, resume from the same checkpoint and log each step once."""
+    processes agree on when to save, resume from the same checkpoint and log each step once. A
+    job rescheduled onto one GPU resumes the same checkpoint there, accumulating over twice the
+    micro-batches, and ends as the two processes do."""
     attempts = tiny_attempts[2]
-    whole = train_rft_in_two_processes(tmp_path, tiny, attempts, tmp_path / "whole")
+    whole = train_rft_in_processes(tmp_path, tiny, attempts, tmp_path / "whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
-    out = tmp_path / "killed"
-    killed = train_rft_in_two_processes(tmp_path, tiny, attempts, out, kill=True)
+    out, moved = tmp_path / "killed", tmp_path / "moved"
+    killed = train_rft_in_processes(tmp_path, tiny, attempts, out, kill=True)
     assert killed.returncode != 0 and not (out / "train_result.json").exists()
     assert C.last_complete_checkpoint(out / "checkpoints") == out / "checkpoints" / f"checkpoint-{KILLED_AT - 1}"
+    shutil.copytree(out, moved)
 
-    resumed = train_rft_in_two_processes(tmp_path, tiny, attempts, out)
+    in_one = train_rft_in_processes(tmp_path, tiny, attempts, moved, processes=1)
+    assert in_one.returncode == 0, in_one.stderr[-3000:]
+    result = json.loads((moved / "train_result.json").read_text())
+    assert result["extra"]["resumed_in_other_processes"] == {"processes_was": 2, "processes_now": 1,
+                                                             "gradient_accumulation_steps": 4}
+    assert result["extra"]["resumed_from_step"] == KILLED_AT - 1 and result["steps"] == STEPS
+    ends_as(moved, tmp_path / "whole")
+
+    resumed = train_rft_in_processes(tmp_path, tiny, attempts, out)
     import transformers
 
     if C.unrestorable_resume(2, "cpu", transformers.__version__):  # before 5.18: refused, saying so
@@ -265,14 +290,9 @@ def test_two_processes_killed_mid_way_resume_together_and_end_as_if_never_stoppe
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     result = json.loads((out / "train_result.json").read_text())
     assert result["extra"]["resumed_from_step"] == KILLED_AT - 1 and result["steps"] == STEPS
-    steps, losses = zip(*logged(out / "train_log.jsonl"))
-    assert list(steps) == list(range(1, STEPS + 1))
-    assert list(losses) == pytest.approx([loss for _, loss in logged(tmp_path / "whole" / "train_log.jsonl")],
-                                         rel=1e-5)
-    final, expected = adapter(out), adapter(tmp_path / "whole")
-    assert all(final[name].allclose(expected[name], rtol=1e-4, atol=1e-6) for name in expected)
+    ends_as(out, tmp_path / "whole")
 
-    again = train_rft_in_two_processes(tmp_path, tiny, attempts, out)
+    again = train_rft_in_processes(tmp_path, tiny, attempts, out)
     assert again.returncode == 0 and "already holds this run's trained model" in again.stdout
 
 

@@ -120,10 +120,12 @@ def test_a_retrained_adapter_in_the_same_folder_is_another_base(tmp_path):
     assert R.base_identity(tmp_path) != first
 
 
-def checkpoint(folder: Path, step: int) -> Path:
+def checkpoint(folder: Path, step: int, whole_optimizer: bool = False) -> Path:
     path = folder / f"checkpoint-{step}"
     path.mkdir(parents=True)
     (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    if whole_optimizer:  # as one process or DDP saves it
+        (path / "optimizer.pt").write_bytes(b"")
     return path
 
 
@@ -168,19 +170,53 @@ def test_a_checkpoint_recorded_before_a_setting_existed_is_refused_naming_it(tmp
         R.start_point(tmp_path, tmp_path / "checkpoints", now, resume=True)
 
 
-def test_a_checkpoint_made_in_another_number_of_processes_is_refused_with_how_to_launch_it_again(tmp_path):
-    # a preempted job rescheduled onto fewer GPUs: the effective batch counts every process
-    (tmp_path / R.SETTINGS_FILE).write_text(json.dumps({**DEFINITION, "settings": {"learning_rate": 0.01,
-                                                                                   "world_size": 8}}))
+def in_processes(count: int, accumulation: int = 1, learning_rate: float = 0.01) -> dict:
+    return {**DEFINITION, "settings": {"learning_rate": learning_rate, "world_size": count,
+                                       "gradient_accumulation_steps": accumulation}}
+
+
+def test_a_checkpoint_made_in_another_number_of_processes_resumes_with_the_accumulation_that_keeps_its_batch(
+        tmp_path):
+    # a preempted job of 8 GPUs rescheduled onto 2, then onto 4: the effective batch counts every process
+    (tmp_path / R.SETTINGS_FILE).write_text(json.dumps(in_processes(8)))
+    latest = checkpoint(tmp_path / "checkpoints", 9, whole_optimizer=True)
+    point = R.start_point(tmp_path, tmp_path / "checkpoints", in_processes(2), resume=True)
+    assert point.checkpoint == latest and (point.moved.was, point.moved.now, point.moved.accumulation) == (8, 2, 4)
+    assert json.loads((tmp_path / R.SETTINGS_FILE).read_text()) == in_processes(8)  # the run as it started
+    again = R.start_point(tmp_path, tmp_path / "checkpoints", in_processes(4), resume=True)
+    assert (again.moved.was, again.moved.now, again.moved.accumulation) == (8, 4, 2)
+    assert R.start_point(tmp_path, tmp_path / "checkpoints", in_processes(8), resume=True).moved is None
+
+
+def test_a_checkpoint_whose_batch_another_number_of_processes_cannot_share_evenly_is_refused_naming_those_that_can(
+        tmp_path):
+    (tmp_path / R.SETTINGS_FILE).write_text(json.dumps(in_processes(2, accumulation=2)))
+    checkpoint(tmp_path / "checkpoints", 9, whole_optimizer=True)
+    with pytest.raises(R.TrainingMismatch, match=r"(?s)world_size: was 2, now 3\n"
+                                                 r"It ran in 2 processes of 2 accumulation steps each: .*"
+                                                 r"torchrun --nproc_per_node 2.*or resume it in one process or 4 "
+                                                 r"processes"):
+        R.start_point(tmp_path, tmp_path / "checkpoints", in_processes(3, accumulation=2), resume=True)
+
+
+def test_a_checkpoint_of_optimizer_state_split_between_its_processes_resumes_only_in_as_many(tmp_path):
+    # ZeRO and FSDP save a shard of the optimizer state per process, not optimizer.pt
+    (tmp_path / R.SETTINGS_FILE).write_text(json.dumps(in_processes(8)))
     checkpoint(tmp_path / "checkpoints", 9)
-    one_process = {**DEFINITION, "settings": {"learning_rate": 0.01, "world_size": 1}}
     with pytest.raises(R.TrainingMismatch, match=r"(?s)world_size: was 8, now 1\n"
-                                                 r"It ran in 8 processes: .*torchrun --nproc_per_node 8"):
-        R.start_point(tmp_path, tmp_path / "checkpoints", one_process, resume=True)
-    also_other_settings = {**DEFINITION, "settings": {"learning_rate": 0.02, "world_size": 1}}
+                                                 r"It ran in 8 processes, and checkpoint-9's optimizer state is split "
+                                                 r"between them .*torchrun --nproc_per_node 8"):
+        R.start_point(tmp_path, tmp_path / "checkpoints", in_processes(1), resume=True)
     with pytest.raises(R.TrainingMismatch) as refused:  # relaunching would not resume it: no such advice
-        R.start_point(tmp_path, tmp_path / "checkpoints", also_other_settings, resume=True)
+        R.start_point(tmp_path, tmp_path / "checkpoints", in_processes(1, learning_rate=0.02), resume=True)
     assert "It ran in" not in str(refused.value)
+
+
+def test_a_run_finished_in_other_processes_is_not_trained_again(tmp_path):
+    (tmp_path / R.SETTINGS_FILE).write_text(json.dumps(in_processes(8)))
+    (tmp_path / R.RESULT_FILE).write_text(json.dumps({"steps": 3}))
+    assert R.start_point(tmp_path, tmp_path / "checkpoints", in_processes(1), resume=True) == \
+        R.StartPoint(finished={"steps": 3})
 
 
 def test_a_checkpoint_from_before_definitions_were_recorded_resumes_and_adopts_this_one(tmp_path):
@@ -389,3 +425,26 @@ def test_a_moved_run_folder_keeps_its_merged_base_and_its_kto_adapter_finds_it(t
     assert adapter_base(moved / "kto") == moved / "kto" / "base"
     model, _, _ = load_weights(moved / "kto", dtype="float32")  # how `--model local:moved/kto` loads it
     assert model.config.num_hidden_layers > 0
+
+
+@pytest.mark.parametrize("micro_batch", [1, 2])
+def test_rft_resumes_in_another_number_of_processes_unless_its_batches_are_grouped_by_length(tmp_path, tiny, tiny_sft,
+                                                                                           micro_batch):
+    # the groups of transformers' LengthGroupedSampler are sized by each process's share of the batch
+    from toolself.train.rft import train_rft
+    from toolself.train.rft_config import RFTConfig
+
+    config = settings(tmp_path, per_device_train_batch_size=micro_batch, save_strategy="steps", save_steps=1)
+    train_rft(tiny_sft[0], tiny, tmp_path, RFTConfig(**config))
+    (tmp_path / R.RESULT_FILE).unlink()  # as if it had run in two processes, and stopped after its last step
+    recorded = json.loads((tmp_path / R.SETTINGS_FILE).read_text())
+    recorded["settings"]["world_size"] = 2
+    (tmp_path / R.SETTINGS_FILE).write_text(json.dumps(recorded))
+    if micro_batch > 1:
+        with pytest.raises(R.TrainingMismatch, match="grouped by length"):
+            train_rft(tiny_sft[0], tiny, tmp_path, RFTConfig(**config), resume=True)
+        return
+    result = train_rft(tiny_sft[0], tiny, tmp_path, RFTConfig(**config), resume=True)
+    assert result.extra["resumed_in_other_processes"] == {"processes_was": 2, "processes_now": 1,
+                                                          "gradient_accumulation_steps": 2}
+    assert result.extra["kernels"]["batch_size"] == 1 and result.extra["kernels"]["accumulation"] == 2

@@ -56,7 +56,7 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: CAT
     from toolself.train.kernels import use_kernels
     from toolself.train.lora import load_base
     from toolself.train.merge import prepare_base
-    from toolself.train.reruns import run_definition, start_point
+    from toolself.train.reruns import adopt_process_change, refuse_reordered_resume, run_definition, start_point
     from toolself.train.trainlog import JsonlLog, TokenCounter
     from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
 
@@ -90,11 +90,15 @@ def train_kto(dataset, policy_path: str | Path, out_dir: str | Path, config: CAT
     model, tokenizer = load_base(base)
     tokenized = "prompt_ids" in (dataset.column_names or [])
     lengths = decision_lengths(dataset)
+    adopt_process_change(start, config)
+    resumed_batch = resumed_micro_batch(start.checkpoint)
     kernels = use_kernels(model, config, max(lengths) if tokenized else config.max_length, padding_free=False,
                           min_batch=1 if config.loss_type == "apo_zero_unpaired" else 2,
                           why_padding_free="off: TRL's KTO collator pads (it has no padding-free form)",
-                          length_grouped=config.length_grouped, resumed_batch=resumed_micro_batch(start.checkpoint),
-                          orders_its_data=True)
+                          length_grouped=config.length_grouped, resumed_batch=resumed_batch, orders_its_data=True)
+    refuse_reordered_resume(start, f"its decisions are ordered in micro-batches of {resumed_batch}, which do not divide "
+                                   f"each process's share of the batch now"
+                            if resumed_batch is not None and kernels.batch_size != resumed_batch else None)
     dataset = dataset.select(decision_order(lengths, kernels.batch_size, order_seed(config), kernels.length_grouped))
     collator = DataCollatorForUnpairedPreference(pad_token_id=tokenizer.pad_token_id, max_length=config.max_length)
     counter = TokenCounter()

@@ -8,7 +8,9 @@ without AVX512-BF16) goes on under the new machine's choices, which change round
 but not what is trained, and says what changed.
 
 A rerun under the same definition resumes from the last complete checkpoint, or, when the run
-had finished, returns its result without training again: an 8B model is hours of GPU. A rerun
+had finished, returns its result without training again: an 8B model is hours of GPU. So does a
+rerun in another number of processes (a preempted job rescheduled onto other GPUs), with the
+accumulation steps that keep the run's effective batch, where its optimizer state is whole. A rerun
 under another definition would resume from (or stand on) a model trained otherwise, so it is
 refused with what differs, unless the caller starts afresh (`--no-resume`) or has settled the
 change itself (the CAT pipeline, whose own state refuses changed settings unless forced). A
@@ -70,6 +72,22 @@ class StartPoint:
     finished: dict[str, Any] | None = None
     checkpoint: Path | None = None
     compute_changes: list[str] = field(default_factory=list)
+    moved: ProcessChange | None = None
+
+
+@dataclass
+class ProcessChange:
+    """A run resumed in another number of processes than its checkpoint's: the effective batch
+    counts every process, so each one accumulates over more (or fewer) micro-batches, and the
+    run keeps the settings it started with (a later resume compares with those)."""
+
+    was: int
+    now: int
+    accumulation: int
+    settings: dict[str, Any]
+
+    def to_dict(self) -> dict[str, int]:
+        return {"processes_was": self.was, "processes_now": self.now, "gradient_accumulation_steps": self.accumulation}
 
 
 def run_definition(config: Any, base: str | Path, dataset: Any, columns: list[str]) -> dict[str, Any]:
@@ -155,7 +173,8 @@ def start_point(out_dir: Path, checkpoints: str | Path, definition: dict[str, An
             remove_checkpoints(checkpoints)
             (out_dir / RESULT_FILE).unlink(missing_ok=True)
         out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out_dir / SETTINGS_FILE, json.dumps(definition, indent=2) + "\n")
+        kept = definition if point.moved is None else {**definition, "settings": point.moved.settings}
+        atomic_write_text(out_dir / SETTINGS_FILE, json.dumps(kept, indent=2) + "\n")
     state.wait_for_everyone()
     return point
 
@@ -174,29 +193,81 @@ def _decide(out_dir: Path, checkpoints: Path, definition: dict[str, Any], resume
         return StartPoint(checkpoint=checkpoint, compute_changes=changes)
     if recorded is None:  # a run from before definitions were recorded: resume its checkpoint as before
         return StartPoint(checkpoint=checkpoint)
+    hint = ""
+    if only_processes_differ(recorded, definition):
+        if finished is not None:
+            return StartPoint(finished=finished)
+        if checkpoint is not None:
+            moved, hint = process_change(recorded, definition, checkpoint)
+            if moved is not None:
+                return StartPoint(checkpoint=checkpoint, moved=moved,
+                                  compute_changes=changed_settings(compute_of(recorded), compute_of(definition)))
     if (finished is not None or checkpoint is not None) and not replace_other:
         what = "a model trained" if finished is not None else f"a checkpoint ({checkpoint.name}) of a run"
         raise TrainingMismatch(
             f"{out_dir} holds {what} with another base model, other data or other settings:\n"
-            + "\n".join(f"  {line}" for line in differences(recorded, definition))
-            + relaunch_hint(recorded, definition)
+            + "\n".join(f"  {line}" for line in differences(recorded, definition)) + hint
             + "\nUse another --out folder, or --no-resume to train from the start in this one (replacing it).")
     return StartPoint()
 
 
-def relaunch_hint(recorded: dict[str, Any], definition: dict[str, Any]) -> str:
-    """How to go on with a run that differs from this one only in its number of processes: a
-    preempted job rescheduled onto other GPUs. The effective batch counts every process, so with
-    another number the optimizer steps, and the checkpoint's place in the data, mean other things."""
+def only_processes_differ(recorded: dict[str, Any], definition: dict[str, Any]) -> bool:
     processes = recorded.get("settings", {}).get("world_size")
     now = definition.get("settings", {})
-    if processes in (None, now.get("world_size")) or \
-            not same_run(recorded, {**definition, "settings": {**now, "world_size": processes}}):
-        return ""
-    if processes == 1:
-        return "\nIt ran in one process: run it without a launcher to go on from it."
-    return (f"\nIt ran in {processes} processes: launch it so again to go on from it "
-            f"(torchrun --nproc_per_node {processes}, or accelerate launch --num_processes {processes}).")
+    return processes not in (None, now.get("world_size")) and \
+        same_run(recorded, {**definition, "settings": {**now, "world_size": processes}})
+
+
+def process_change(recorded: dict[str, Any], definition: dict[str, Any],
+                   checkpoint: Path) -> tuple[ProcessChange | None, str]:
+    """How a checkpoint of a run in another number of processes goes on here, or why it cannot
+    (the hint a refusal ends with). Each optimizer step reads the next effective batch of the
+    run's one seeded order, dealt out micro-batch by micro-batch to the processes, so the same
+    effective batch in another number of processes reads the same data at every step. A ZeRO or
+    FSDP run's optimizer state is split between its processes and does not load into another
+    number of them (without DeepSpeed's universal-checkpoint conversion)."""
+    was_settings = recorded["settings"]
+    was, now = was_settings["world_size"], definition["settings"]["world_size"]
+    steps = was_settings.get("gradient_accumulation_steps", 1)
+    shared = was * steps  # micro-batches per optimizer step, all processes together
+    again = (f"launch it so again to go on from it (torchrun --nproc_per_node {was}, or accelerate launch "
+             f"--num_processes {was})" if was > 1 else "run it without a launcher to go on from it")
+    if not (checkpoint / "optimizer.pt").is_file():
+        return None, (f"\nIt ran in {processes(was)}, and {checkpoint.name}'s optimizer state is split between "
+                      f"them (ZeRO or FSDP): {again}.")
+    if shared % now:
+        others = [n for n in range(1, shared + 1) if shared % n == 0 and n != was]
+        evenly = f", or resume it in {' or '.join(map(processes, others))}, which share its effective batch evenly"
+        return None, (f"\nIt ran in {processes(was)} of {steps} accumulation step{'s' if steps > 1 else ''} each: "
+                      f"{again}{evenly if others else ''}.")
+    return ProcessChange(was, now, shared // now, was_settings), ""
+
+
+def processes(count: int) -> str:
+    return "one process" if count == 1 else f"{count} processes"
+
+
+def adopt_process_change(start: StartPoint, config: Any) -> None:
+    """Set the accumulation steps that keep a resumed run's effective batch in this number of
+    processes, before the kernels split it into micro-batches."""
+    if start.moved is None:
+        return
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:
+        logger.warning("resuming a run of %d processes in %d: %d accumulation steps (not %d) keep its effective batch",
+                       start.moved.was, start.moved.now, start.moved.accumulation, config.gradient_accumulation_steps)
+    config.gradient_accumulation_steps = start.moved.accumulation
+
+
+def refuse_reordered_resume(start: StartPoint, why: str | None) -> None:
+    """Refuse to resume in another number of processes a run whose data order depends on each
+    process's share of the batch (`why`): the checkpoint's place in the data would be another."""
+    if start.moved is not None and why:
+        raise TrainingMismatch(
+            f"a run of {processes(start.moved.was)} does not resume in {processes(start.moved.now)}: {why}, so the "
+            f"data its checkpoint stopped at would not be where it is now. Launch it in {processes(start.moved.was)} "
+            "again, or use --no-resume to train from the start.")
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -57,7 +57,7 @@ def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTC
     from toolself.train.kernels import use_kernels
     from toolself.train.lora import load_base
     from toolself.train.merge import prepare_base
-    from toolself.train.reruns import run_definition, start_point
+    from toolself.train.reruns import adopt_process_change, refuse_reordered_resume, run_definition, start_point
     from toolself.train.trainlog import JsonlLog, TokenCounter
 
     if len(dataset) == 0:
@@ -80,8 +80,11 @@ def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTC
     with PartialState().main_process_first():  # one process merges; the others then find it
         base = prepare_base(model_path, out_dir)
     model, tokenizer = load_base(base)
+    adopt_process_change(start, config)
     kernels = use_kernels(model, config, max(map(len, dataset["input_ids"])), config.padding_free,
                           length_grouped=config.length_grouped, resumed_batch=resumed_micro_batch(start.checkpoint))
+    refuse_reordered_resume(start, "its batches are grouped by length in groups sized by each process's share of "
+                                   "the batch (transformers' LengthGroupedSampler)" if kernels.length_grouped else None)
     collator = DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id, padding_free=kernels.padding_free)
     counter = TokenCounter()
     log = JsonlLog(log_path, counter, stage="rft",
@@ -158,6 +161,8 @@ def run_trainer(trainer, counter, out_dir: Path, log_path: Path, examples: int, 
             result.extra["resumed_from_step"] = start_step
         if start.compute_changes:
             result.extra["resumed_with_other_compute"] = start.compute_changes
+        if start.moved is not None:
+            result.extra["resumed_in_other_processes"] = start.moved.to_dict()
         if counted.kl_tokens:  # counted during training: KTO's mismatched pairs
             result.extra["kl_tokens"] = counted.kl_tokens
         elif counted.slots:  # RFT: how much of its batches was sequence, not padding
