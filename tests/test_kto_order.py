@@ -132,3 +132,31 @@ def test_kto_reads_its_micro_batches_in_a_new_order_each_epoch_each_with_its_own
     first, second = batches[:4], batches[4:]
     assert set(first) == set(second) and len(set(first)) == 4
     assert first != second
+
+
+def test_kto_resumes_in_another_number_of_processes_only_in_the_micro_batches_it_ordered_its_decisions_in(
+        tmp_path, tiny, decisions):
+    import json
+
+    from toolself.train import reruns as R
+    from toolself.train.kto import train_kto
+    from toolself.train.kto_config import CATKTOConfig
+
+    lengths = decision_lengths(decisions)
+    subset = decisions.select(sorted(range(len(decisions)), key=lengths.__getitem__)[:8])
+    config = dict(output_dir=str(tmp_path / "checkpoints"), max_steps=2, per_device_train_batch_size=2,
+                  gradient_accumulation_steps=1, save_strategy="steps", save_steps=1, bf16=False, disable_tqdm=True)
+    train_kto(subset, tiny, tmp_path, CATKTOConfig(**config))
+    (tmp_path / R.RESULT_FILE).unlink()  # as if it had run in two processes, and stopped after its last step
+    recorded = json.loads((tmp_path / R.SETTINGS_FILE).read_text())
+    recorded["settings"]["world_size"] = 2
+    (tmp_path / R.SETTINGS_FILE).write_text(json.dumps(recorded))
+    state_file = tmp_path / "checkpoints" / "checkpoint-2" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    state_file.write_text(json.dumps({**state, "train_batch_size": 3}))  # one that 2 x 2 cannot keep
+    with pytest.raises(R.TrainingMismatch, match="ordered in micro-batches of 3"):
+        train_kto(subset, tiny, tmp_path, CATKTOConfig(**config), resume=True)
+    state_file.write_text(json.dumps(state))
+    result = train_kto(subset, tiny, tmp_path, CATKTOConfig(**config), resume=True)
+    assert result.extra["resumed_in_other_processes"] == {"processes_was": 2, "processes_now": 1,
+                                                          "gradient_accumulation_steps": 2}
