@@ -1,8 +1,8 @@
 """How much of a padded RFT batch is sequence rather than padding, for random micro-batches and
-for length-grouped ones (transformers' LengthGroupedSampler, which RFT uses by default for
-padded batches of more than one sequence), on the expert teacher's trajectories; and the same
-for KTO's decisions in the orders KTO can read them in (`kto.decision_order`), with how many
-micro-batches hold a single attempt's decisions or a single label. Prints JSON.
+for length-grouped ones (`order.micro_batch_order`, which RFT uses by default for padded batches
+of more than one sequence), on the expert teacher's trajectories; and the same for KTO's
+decisions in the orders KTO can read them in (the same function), with how many micro-batches
+hold a single attempt's decisions or a single label. Prints JSON.
 
     python benchmarks/padding.py [--trajectories .gpu/trajectories.jsonl] [--batches 2,4,8] [--seeds 5]
 
@@ -34,11 +34,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seeds", type=int, default=5, help="orders drawn per sampler")
     args = parser.parse_args(argv)
 
-    import torch
-    from transformers.trainer_pt_utils import LengthGroupedSampler
-
     from toolself.models.weights import default_model_dir
     from toolself.train.kernels import sequence_share
+    from toolself.train.order import micro_batch_order
     from train_gpu import TOKENIZER, carried_attempts, datasets, teacher_attempts
 
     if args.trajectories:
@@ -54,10 +52,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for batch in (int(b) for b in args.batches.split(",")):
         random, grouped = [], []
         for seed in range(args.seeds):
-            order = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed)).tolist()
-            random.append(sequence_share(lengths, order, batch))
-            sampler = LengthGroupedSampler(batch, lengths=lengths, generator=torch.Generator().manual_seed(seed))
-            grouped.append(sequence_share(lengths, list(sampler), batch))
+            random.append(sequence_share(lengths, micro_batch_order(lengths, batch, seed, grouped=False), batch))
+            grouped.append(sequence_share(lengths, micro_batch_order(lengths, batch, seed, grouped=True), batch))
         report["batches"][batch] = {"random": round(statistics.mean(random), 3),
                                     "length_grouped": round(statistics.mean(grouped), 3)}
     report["kto"] = kto_orders(kto, [int(b) for b in args.batches.split(",")], args.seeds)
@@ -70,7 +66,8 @@ def kto_orders(kto: Any, batches: list[int], seeds: int) -> dict[str, Any]:
     together), shuffled, and shuffled in length groups: the share of sequence, and the share of
     micro-batches whose decisions all come from one attempt or all carry one label."""
     from toolself.train.kernels import sequence_share
-    from toolself.train.kto import decision_lengths, decision_order
+    from toolself.train.kto import decision_lengths
+    from toolself.train.order import micro_batch_order
 
     lengths = decision_lengths(kto)
     attempts, labels = kto["trajectory_id"], kto["label"]
@@ -87,8 +84,8 @@ def kto_orders(kto: Any, batches: list[int], seeds: int) -> dict[str, Any]:
     for batch in batches:
         runs: dict[str, list[dict[str, float]]] = {"as_built": [measure(list(range(len(lengths))), batch)]}
         for seed in range(seeds):
-            runs.setdefault("shuffled", []).append(measure(decision_order(lengths, batch, seed, False), batch))
-            runs.setdefault("length_grouped", []).append(measure(decision_order(lengths, batch, seed, True), batch))
+            runs.setdefault("shuffled", []).append(measure(micro_batch_order(lengths, batch, seed, False), batch))
+            runs.setdefault("length_grouped", []).append(measure(micro_batch_order(lengths, batch, seed, True), batch))
         report["batches"][batch] = {order: {k: round(statistics.mean(m[k] for m in ms), 3) for k in ms[0]}
                                     for order, ms in runs.items()}
     return report

@@ -1,5 +1,6 @@
-"""The order KTO trains on its decisions in: TRL's KTO trainer reads them as the dataset holds
-them, and the data builder keeps each attempt's decisions together, attempt after attempt."""
+"""The order KTO trains on its decisions in (`order.py`): TRL's KTO trainer reads them as the
+dataset holds them, and the data builder keeps each attempt's decisions together, attempt after
+attempt."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ pytest.importorskip("trl")
 pytest.importorskip("peft")
 
 from toolself.train.kernels import sequence_share  # noqa: E402
-from toolself.train.kto import decision_lengths, decision_order, epoch_order  # noqa: E402
+from toolself.train.kto import decision_lengths  # noqa: E402
+from toolself.train.order import micro_batch_order, whole_micro_batch_epoch  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +42,16 @@ def one_attempt_share(attempts: list[str], order: list[int], batch: int) -> floa
 @pytest.mark.parametrize("grouped", [False, True])
 def test_the_order_is_a_permutation_fixed_by_its_seed(grouped):
     lengths = [(7 * i) % 23 + 1 for i in range(50)]
-    order = decision_order(lengths, 4, seed=3, grouped=grouped)
+    order = micro_batch_order(lengths, 4, seed=3, grouped=grouped)
     assert sorted(order) == list(range(50))
-    assert order == decision_order(lengths, 4, seed=3, grouped=grouped)
-    assert order != decision_order(lengths, 4, seed=4, grouped=grouped)
+    assert order == micro_batch_order(lengths, 4, seed=3, grouped=grouped)
+    assert order != micro_batch_order(lengths, 4, seed=4, grouped=grouped)
 
 
 def test_a_grouped_order_puts_the_longest_decision_first_and_a_partial_micro_batch_last():
     lengths = [(7 * i) % 23 + 1 for i in range(50)] + [99]
     for seed in range(5):
-        order = decision_order(lengths, 4, seed=seed, grouped=True)
+        order = micro_batch_order(lengths, 4, seed=seed, grouped=True)
         assert 50 in order[:4]
         tail = order[48:]  # 51 decisions: twelve whole micro-batches, then three
         assert len(tail) == 3 and max(lengths[i] for i in tail) <= max(lengths[i] for i in order[:4])
@@ -60,13 +62,13 @@ def test_the_builders_order_gives_micro_batches_of_one_attempt_and_a_shuffle_mix
     as_built = list(range(len(decisions)))
     assert one_attempt_share(attempts, as_built, 4) > 0.5
     for grouped in (False, True):
-        assert one_attempt_share(attempts, decision_order(decision_lengths(decisions), 4, 0, grouped), 4) < 0.2
+        assert one_attempt_share(attempts, micro_batch_order(decision_lengths(decisions), 4, 0, grouped), 4) < 0.2
 
 
 def test_grouped_micro_batches_pad_far_less_than_shuffled_ones(decisions):
     lengths = decision_lengths(decisions)
-    shuffled = [sequence_share(lengths, decision_order(lengths, 4, seed, False), 4) for seed in range(5)]
-    grouped = [sequence_share(lengths, decision_order(lengths, 4, seed, True), 4) for seed in range(5)]
+    shuffled = [sequence_share(lengths, micro_batch_order(lengths, 4, seed, False), 4) for seed in range(5)]
+    grouped = [sequence_share(lengths, micro_batch_order(lengths, 4, seed, True), 4) for seed in range(5)]
     assert min(grouped) > max(shuffled) + 0.1  # 89-92% against 71-77% here
 
 
@@ -88,21 +90,22 @@ def test_kto_trains_on_its_decisions_in_their_order_not_the_builders(tmp_path, t
         result = K.train_kto(decisions, tiny, tmp_path / "kto", config)
     finally:
         K.PretokenizedKTOTrainer._prepare_dataset = prepare
-    order = decision_order(decision_lengths(decisions), 4, 5, grouped=True)
+    order = micro_batch_order(decision_lengths(decisions), 4, 5, grouped=True)
     assert seen[0] == [decisions["trajectory_id"][i] for i in order]
     assert result.extra["kernels"]["length_grouped"] is True
 
 
 def test_the_first_epoch_reads_the_decisions_as_ordered_and_later_ones_move_only_whole_micro_batches():
-    first = epoch_order(23, 4, seed=1, epoch=0)
+    first = whole_micro_batch_epoch(23, 4, seed=1, epoch=0)
     assert first == list(range(23))
     whole = {tuple(range(i, i + 4)) for i in range(0, 20, 4)}
-    orders = [epoch_order(23, 4, seed=1, epoch=e) for e in (1, 2)]
+    orders = [whole_micro_batch_epoch(23, 4, seed=1, epoch=e) for e in (1, 2)]
     for order in orders:
         assert {tuple(order[i:i + 4]) for i in range(0, 20, 4)} == whole
         assert order[20:] == [20, 21, 22]
     assert first != orders[0] != orders[1]
-    assert orders[0] == epoch_order(23, 4, seed=1, epoch=1) != epoch_order(23, 4, seed=2, epoch=1)
+    assert orders[0] == whole_micro_batch_epoch(23, 4, seed=1, epoch=1)
+    assert orders[0] != whole_micro_batch_epoch(23, 4, seed=2, epoch=1)
 
 
 def test_kto_reads_its_micro_batches_in_a_new_order_each_epoch_each_with_its_own_kl_completions(

@@ -89,9 +89,10 @@ def test_length_grouped_rft_pads_a_mix_of_short_and_long_sequences_far_less(tmp_
 
     from toolself.train.rft import train_rft
 
-    # Half short, half long: a random pair is mixed half the time (77% sequence here); pairs of
-    # neighbours in length are nearly all alike. transformers sorts within groups of
-    # min(50, n / (4 x batch)) micro-batches: 8 here.
+    # Half short, half long: a random pair is mixed half the time (72-79% sequence over twelve
+    # seeds); pairs of neighbours in length are nearly all alike (93-98%: a group sorted within,
+    # of min(50, n / (4 x batch)) micro-batches, 8 here, has a mixed pair where it holds an odd
+    # number of short sequences).
     lengths = [n for i in range(32) for n in (20 + i, 100 + i)]
     dataset = Dataset.from_list([{"input_ids": [5 + i % 50] * n, "labels": [5 + i % 50] * n}
                                  for i, n in enumerate(lengths)])
@@ -101,7 +102,7 @@ def test_length_grouped_rft_pads_a_mix_of_short_and_long_sequences_far_less(tmp_
             for grouped in (True, False)}
     assert runs[True].extra["kernels"]["length_grouped"] and not runs[False].extra["kernels"]["length_grouped"]
     assert runs[True].tokens == runs[False].tokens == sum(lengths)  # one epoch each
-    assert runs[True].extra["padding_efficiency"] > 0.95 > 0.9 > runs[False].extra["padding_efficiency"]
+    assert runs[True].extra["padding_efficiency"] > 0.9 > 0.85 > runs[False].extra["padding_efficiency"]
 
 
 def test_flex_attention_is_refused_for_training_on_a_cpu_before_any_step(tmp_path):

@@ -129,8 +129,9 @@ def checkpoint(folder: Path, step: int, whole_optimizer: bool = False) -> Path:
     return path
 
 
-DEFINITION = {"base": {"path": "/m"}, "data": {"examples": 3, "digest": "d"}, "settings": {"learning_rate": 0.01}}
-OTHER = {**DEFINITION, "settings": {"learning_rate": 0.02}}
+DEFINITION = {"base": {"path": "/m"}, "data": {"examples": 3, "digest": "d"},
+              "settings": {"learning_rate": 0.01, R.ORDER_SETTING: R.DATA_ORDER}}
+OTHER = {**DEFINITION, "settings": {**DEFINITION["settings"], "learning_rate": 0.02}}
 
 
 def test_a_fresh_start_clears_the_old_runs_checkpoints_which_the_trainers_rotation_would_keep(tmp_path):
@@ -219,10 +220,12 @@ def test_a_run_finished_in_other_processes_is_not_trained_again(tmp_path):
         R.StartPoint(finished={"steps": 3})
 
 
-def test_a_checkpoint_from_before_definitions_were_recorded_resumes_and_adopts_this_one(tmp_path):
+def test_a_checkpoint_from_before_definitions_were_recorded_resumes_and_adopts_this_one_but_its_order(tmp_path):
     latest = checkpoint(tmp_path / "checkpoints", 4)
-    assert R.start_point(tmp_path, tmp_path / "checkpoints", DEFINITION, resume=True) == R.StartPoint(checkpoint=latest)
-    assert json.loads((tmp_path / R.SETTINGS_FILE).read_text()) == DEFINITION
+    assert R.start_point(tmp_path, tmp_path / "checkpoints", DEFINITION, resume=True) == \
+        R.StartPoint(checkpoint=latest, order_unrecorded=True)
+    recorded = json.loads((tmp_path / R.SETTINGS_FILE).read_text())
+    assert recorded == {**DEFINITION, "settings": {"learning_rate": 0.01}}
 
 
 def test_a_checkpoint_made_under_other_compute_settings_is_the_same_run_and_says_what_changed(tmp_path):
@@ -427,24 +430,83 @@ def test_a_moved_run_folder_keeps_its_merged_base_and_its_kto_adapter_finds_it(t
     assert model.config.num_hidden_layers > 0
 
 
-@pytest.mark.parametrize("micro_batch", [1, 2])
-def test_rft_resumes_in_another_number_of_processes_unless_its_batches_are_grouped_by_length(tmp_path, tiny, tiny_sft,
-                                                                                           micro_batch):
-    # the groups of transformers' LengthGroupedSampler are sized by each process's share of the batch
+def checkpointed_rft(out: Path, tiny: Path, sft, micro_batch: int, **recorded_settings) -> dict:
+    """A finished RFT run of two steps, a checkpoint a step, made to look unfinished and recorded
+    with `recorded_settings` changed (None: left out); returns its settings."""
     from toolself.train.rft import train_rft
     from toolself.train.rft_config import RFTConfig
 
-    config = settings(tmp_path, per_device_train_batch_size=micro_batch, save_strategy="steps", save_steps=1)
-    train_rft(tiny_sft[0], tiny, tmp_path, RFTConfig(**config))
-    (tmp_path / R.RESULT_FILE).unlink()  # as if it had run in two processes, and stopped after its last step
-    recorded = json.loads((tmp_path / R.SETTINGS_FILE).read_text())
-    recorded["settings"]["world_size"] = 2
-    (tmp_path / R.SETTINGS_FILE).write_text(json.dumps(recorded))
-    if micro_batch > 1:
-        with pytest.raises(R.TrainingMismatch, match="grouped by length"):
-            train_rft(tiny_sft[0], tiny, tmp_path, RFTConfig(**config), resume=True)
-        return
+    config = settings(out, per_device_train_batch_size=micro_batch, save_strategy="steps", save_steps=1)
+    train_rft(sft, tiny, out, RFTConfig(**config))
+    (out / R.RESULT_FILE).unlink()
+    recorded = json.loads((out / R.SETTINGS_FILE).read_text())
+    for name, value in recorded_settings.items():
+        if value is None:
+            del recorded["settings"][name]
+        else:
+            recorded["settings"][name] = value
+    (out / R.SETTINGS_FILE).write_text(json.dumps(recorded))
+    return config
+
+
+@pytest.mark.parametrize("micro_batch", [1, 2])  # 2: grouped by length, in micro-batches of 2 kept
+def test_rft_resumes_in_another_number_of_processes_with_its_batches_grouped_or_not(tmp_path, tiny, tiny_sft,
+                                                                                     micro_batch):
+    from toolself.train.rft import train_rft
+    from toolself.train.rft_config import RFTConfig
+
+    config = checkpointed_rft(tmp_path, tiny, tiny_sft[0], micro_batch, world_size=2)
     result = train_rft(tiny_sft[0], tiny, tmp_path, RFTConfig(**config), resume=True)
     assert result.extra["resumed_in_other_processes"] == {"processes_was": 2, "processes_now": 1,
                                                           "gradient_accumulation_steps": 2}
-    assert result.extra["kernels"]["batch_size"] == 1 and result.extra["kernels"]["accumulation"] == 2
+    assert result.extra["kernels"]["batch_size"] == micro_batch and result.extra["kernels"]["accumulation"] == 2
+    assert result.extra["kernels"]["length_grouped"] == (micro_batch > 1)
+
+
+@pytest.mark.parametrize("micro_batch", [1, 2])
+def test_an_rft_checkpoint_from_before_its_order_was_recorded_is_refused_only_when_grouped_by_length(
+        tmp_path, tiny, tiny_sft, micro_batch):
+    # transformers' length-grouped sampler drew each epoch's order from the random state
+    from toolself.train.rft import train_rft
+    from toolself.train.rft_config import RFTConfig
+
+    config = checkpointed_rft(tmp_path, tiny, tiny_sft[0], micro_batch, **{R.ORDER_SETTING: None})
+    if micro_batch > 1:
+        for _ in range(2):  # and again: refusing it did not record the order it refused
+            with pytest.raises(R.TrainingMismatch, match="drawn from its random state"):
+                train_rft(tiny_sft[0], tiny, tmp_path, RFTConfig(**config), resume=True)
+        return
+    assert train_rft(tiny_sft[0], tiny, tmp_path, RFTConfig(**config), resume=True).extra["resumed_from_step"] == 2
+
+
+def test_rft_grouped_by_length_and_resumed_in_its_second_epoch_reads_the_batches_it_would_have(tmp_path, tiny,
+                                                                                              tiny_sft, monkeypatch):
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from toolself.train.rft import train_rft
+    from toolself.train.rft_config import RFTConfig
+
+    read = []
+    collate = DataCollatorForLanguageModeling.__call__
+
+    def recording(self, examples):
+        read.append(sorted(tuple(e["input_ids"]) for e in examples))
+        return collate(self, examples)
+
+    monkeypatch.setattr(DataCollatorForLanguageModeling, "__call__", recording)
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    config = settings(whole, per_device_train_batch_size=2, max_steps=-1, num_train_epochs=2, save_strategy="steps",
+                      save_steps=1, save_total_limit=None)
+    result = train_rft(tiny_sft[0], tiny, whole, RFTConfig(**config))
+    assert result.extra["kernels"]["length_grouped"]
+    uninterrupted, per_epoch = list(read), len(read) // 2
+    assert uninterrupted[:per_epoch] != uninterrupted[per_epoch:]  # a new order each epoch
+    shutil.copytree(whole, resumed)
+    (resumed / R.RESULT_FILE).unlink()
+    for folder in (resumed / "checkpoints").glob("checkpoint-*"):
+        if int(folder.name.split("-")[1]) > per_epoch + 1:
+            shutil.rmtree(folder)
+    read.clear()
+    train_rft(tiny_sft[0], tiny, resumed, RFTConfig(**{**config, "output_dir": str(resumed / "checkpoints")}),
+              resume=True)
+    assert read == uninterrupted[per_epoch + 1:]

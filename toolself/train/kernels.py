@@ -225,12 +225,10 @@ def use_kernels(model: Any, args: Any, longest: int, padding_free: bool | None =
                 resumed_batch: int | None = None, orders_its_data: bool = False) -> KernelChoice:
     """Choose, then set the choices on `model` and on `args` before the trainer is built, and log
     them. TRL's own padding-free flag is cleared: it refuses a custom collator, and ours (which
-    counts tokens) flattens the batch itself when `choice.padding_free`. A run that
-    `orders_its_data` groups by length itself; otherwise the trainer's sampler does."""
+    counts tokens) flattens the batch itself when `choice.padding_free`; the run orders its data
+    by length itself when `choice.length_grouped` (`order.py`)."""
     choice = choose_kernels(args, model.config, longest, padding_free, min_batch, why_padding_free,
                             length_grouped, resumed_batch, orders_its_data)
-    if choice.length_grouped and not orders_its_data:
-        args.train_sampling_strategy = "group_by_length"
     if getattr(model.config, "_attn_implementation", None) != choice.attention:
         model.set_attn_implementation(choice.attention)
     args.per_device_train_batch_size = choice.batch_size

@@ -59,6 +59,11 @@ COMPUTE_FIELDS = frozenset({
 })
 
 
+# How a run orders its data (`order.py`), recorded with its settings: a checkpoint of a run that
+# ordered it otherwise would resume into other data.
+ORDER_SETTING, DATA_ORDER = "data_order", "by seed, micro-batch and epoch"
+
+
 class TrainingMismatch(ValueError):
     """The output folder holds a run with another base model, other data or other settings."""
 
@@ -73,6 +78,7 @@ class StartPoint:
     checkpoint: Path | None = None
     compute_changes: list[str] = field(default_factory=list)
     moved: ProcessChange | None = None
+    order_unrecorded: bool = False
 
 
 @dataclass
@@ -97,6 +103,7 @@ def run_definition(config: Any, base: str | Path, dataset: Any, columns: list[st
             if name not in NOT_TRAINING_FIELDS and not name.startswith(NOT_TRAINING_PREFIXES)}
     settings = {name: value for name, value in kept.items() if name not in COMPUTE_FIELDS}
     settings["world_size"] = config.world_size  # the effective batch counts every process
+    settings[ORDER_SETTING] = DATA_ORDER
     definition = {"base": base_identity(Path(base)), "data": {"examples": len(dataset),
                                                              "digest": data_digest(dataset, columns)},
                   "settings": settings, "compute": {name: kept[name] for name in COMPUTE_FIELDS & set(kept)}}
@@ -105,7 +112,10 @@ def run_definition(config: Any, base: str | Path, dataset: Any, columns: list[st
 
 def same_run(was: dict[str, Any], now: dict[str, Any]) -> bool:
     """Whether two definitions define one run: the same base (`same_base`), data and settings,
-    however it computes."""
+    however it computes. A run recorded before its data order was is compared without it
+    (`StartPoint.order_unrecorded` says so, for the trainer that knows its order to decide)."""
+    if ORDER_SETTING not in was.get("settings", {}):
+        now = {**now, "settings": {k: v for k, v in now.get("settings", {}).items() if k != ORDER_SETTING}}
     return same_base(was.get("base", {}), now.get("base", {})) and defining(was) == defining(now)
 
 
@@ -174,6 +184,8 @@ def start_point(out_dir: Path, checkpoints: str | Path, definition: dict[str, An
             (out_dir / RESULT_FILE).unlink(missing_ok=True)
         out_dir.mkdir(parents=True, exist_ok=True)
         kept = definition if point.moved is None else {**definition, "settings": point.moved.settings}
+        if point.order_unrecorded:  # still so when the trainer, which knows its order, refuses it
+            kept = {**kept, "settings": {k: v for k, v in kept["settings"].items() if k != ORDER_SETTING}}
         atomic_write_text(out_dir / SETTINGS_FILE, json.dumps(kept, indent=2) + "\n")
     state.wait_for_everyone()
     return point
@@ -186,13 +198,14 @@ def _decide(out_dir: Path, checkpoints: Path, definition: dict[str, Any], resume
     recorded = read_json(out_dir / SETTINGS_FILE)
     finished = read_json(out_dir / RESULT_FILE)
     checkpoint = last_complete_checkpoint(checkpoints)
+    unrecorded = checkpoint is not None and ORDER_SETTING not in (recorded or {}).get("settings", {})
     if recorded is not None and same_run(recorded, definition):
         if finished is not None:
             return StartPoint(finished=finished)
         changes = changed_settings(compute_of(recorded), compute_of(definition)) if checkpoint is not None else []
-        return StartPoint(checkpoint=checkpoint, compute_changes=changes)
+        return StartPoint(checkpoint=checkpoint, compute_changes=changes, order_unrecorded=unrecorded)
     if recorded is None:  # a run from before definitions were recorded: resume its checkpoint as before
-        return StartPoint(checkpoint=checkpoint)
+        return StartPoint(checkpoint=checkpoint, order_unrecorded=unrecorded)
     hint = ""
     if only_processes_differ(recorded, definition):
         if finished is not None:
@@ -200,7 +213,7 @@ def _decide(out_dir: Path, checkpoints: Path, definition: dict[str, Any], resume
         if checkpoint is not None:
             moved, hint = process_change(recorded, definition, checkpoint)
             if moved is not None:
-                return StartPoint(checkpoint=checkpoint, moved=moved,
+                return StartPoint(checkpoint=checkpoint, moved=moved, order_unrecorded=unrecorded,
                                   compute_changes=changed_settings(compute_of(recorded), compute_of(definition)))
     if (finished is not None or checkpoint is not None) and not replace_other:
         what = "a model trained" if finished is not None else f"a checkpoint ({checkpoint.name}) of a run"
@@ -260,14 +273,26 @@ def adopt_process_change(start: StartPoint, config: Any) -> None:
     config.gradient_accumulation_steps = start.moved.accumulation
 
 
-def refuse_reordered_resume(start: StartPoint, why: str | None) -> None:
-    """Refuse to resume in another number of processes a run whose data order depends on each
-    process's share of the batch (`why`): the checkpoint's place in the data would be another."""
-    if start.moved is not None and why:
+def refuse_reordered_resume(start: StartPoint, was_batch: int | None, batch: int) -> None:
+    """A run whose order is cut in micro-batches (`order.micro_batch_order`), resumed in another
+    number of processes, keeps its checkpoint's micro-batch (`was_batch`) or is refused: with
+    another, the data its checkpoint stopped at would not be where it is now."""
+    if start.moved is not None and was_batch is not None and batch != was_batch:
         raise TrainingMismatch(
-            f"a run of {processes(start.moved.was)} does not resume in {processes(start.moved.now)}: {why}, so the "
-            f"data its checkpoint stopped at would not be where it is now. Launch it in {processes(start.moved.was)} "
-            "again, or use --no-resume to train from the start.")
+            f"a run of {processes(start.moved.was)} does not resume in {processes(start.moved.now)}: its data is "
+            f"ordered in micro-batches of {was_batch}, which do not divide each process's share of the batch now. "
+            f"Launch it in {processes(start.moved.was)} again, or use --no-resume to train from the start.")
+
+
+def refuse_unrecorded_order(start: StartPoint, grouped: bool) -> None:
+    """A checkpoint of a run that grouped its batches by length before the order was a function
+    of its seed and epoch (it came from the process's random state) would resume into other
+    batches, so it is refused."""
+    if start.order_unrecorded and grouped:
+        raise TrainingMismatch(
+            f"{start.checkpoint} is of a run that grouped its batches by length in an order drawn from its random "
+            "state, which this version does not draw again (it orders them by its seed and epoch): resume it with "
+            "the toolself version that started it, or use --no-resume to train from the start.")
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field, fields
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -57,7 +58,9 @@ def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTC
     from toolself.train.kernels import use_kernels
     from toolself.train.lora import load_base
     from toolself.train.merge import prepare_base
-    from toolself.train.reruns import adopt_process_change, refuse_reordered_resume, run_definition, start_point
+    from toolself.train.order import EpochOrder, length_grouped_epoch, order_seed, read_in
+    from toolself.train.reruns import (adopt_process_change, refuse_reordered_resume, refuse_unrecorded_order,
+                                       run_definition, start_point)
     from toolself.train.trainlog import JsonlLog, TokenCounter
 
     if len(dataset) == 0:
@@ -81,16 +84,21 @@ def train_rft(dataset, model_path: str | Path, out_dir: str | Path, config: RFTC
         base = prepare_base(model_path, out_dir)
     model, tokenizer = load_base(base)
     adopt_process_change(start, config)
+    resumed_batch = resumed_micro_batch(start.checkpoint)
     kernels = use_kernels(model, config, max(map(len, dataset["input_ids"])), config.padding_free,
-                          length_grouped=config.length_grouped, resumed_batch=resumed_micro_batch(start.checkpoint))
-    refuse_reordered_resume(start, "its batches are grouped by length in groups sized by each process's share of "
-                                   "the batch (transformers' LengthGroupedSampler)" if kernels.length_grouped else None)
+                          length_grouped=config.length_grouped, resumed_batch=resumed_batch)
+    refuse_unrecorded_order(start, kernels.length_grouped)
+    refuse_reordered_resume(start, resumed_batch if kernels.length_grouped else None, kernels.batch_size)
     collator = DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id, padding_free=kernels.padding_free)
     counter = TokenCounter()
     log = JsonlLog(log_path, counter, stage="rft",
                    extra={"examples": len(dataset), "base": str(base), "kernels": kernels.to_dict()})
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                          data_collator=collator, peft_config=config.peft_config(model), callbacks=[log])
+    if kernels.length_grouped:
+        lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]
+        read_in(trainer, EpochOrder(partial(length_grouped_epoch, lengths, kernels.batch_size, order_seed(config)),
+                                    len(lengths)))
     return run_trainer(trainer, counter, out_dir, log_path, len(dataset), start, extra={"kernels": kernels.to_dict()})
 
 

@@ -58,8 +58,9 @@ class RFTConfig(RFTOptions, SFTConfig, KernelArguments):
                           "attend over the whole row's block-diagonal mask."})
     length_grouped: bool | None = field(
         default=None,
-        metadata={"help": "Put sequences of similar length into each micro-batch (transformers' LengthGroupedSampler: "
-                          "random groups of 50 micro-batches, sorted within), so that a padded batch pads little. "
+        metadata={"help": "Put sequences of similar length into each micro-batch (as transformers groups them: "
+                          "random groups of 50 micro-batches, sorted within; then the micro-batches shuffled, in a "
+                          "new order each epoch), so that a padded batch pads little. "
                           "Default (None): on for padded micro-batches of more than one sequence, unless "
                           "train_sampling_strategy asks for another order."})
 
