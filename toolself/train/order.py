@@ -1,8 +1,8 @@
 """The order a training run reads its examples in: a function of the run's seed, its micro-batch
 and the epoch alone, so that a run resumed in its nth epoch, in any number of processes, reads
 what the uninterrupted run read. (transformers' length-grouped sampler draws each epoch's order
-from the process's random state, which a run resumed mid-epoch has restored only after it has
-drawn the order: an RFT run resumed in its second epoch read other batches than it would have.)
+from the process's random state, which a run resumed mid-epoch restores only after drawing it:
+from the second epoch on, it would skip into another order.)
 """
 
 from __future__ import annotations
