@@ -27,11 +27,19 @@ def micro_batch_order(lengths: list[int], micro_batch: int, seed: int, grouped: 
     if not grouped:
         return torch.randperm(len(lengths), generator=generator).tolist()
     order = get_length_grouped_indices(lengths, micro_batch, generator=generator)
+    return shuffled_micro_batches(order, micro_batch, generator, keep_first=True)  # transformers put the longest there
+
+
+def shuffled_micro_batches(order: list[int], micro_batch: int, generator: Any, keep_first: bool = False) -> list[int]:
+    """`order` cut into micro-batches, the whole ones shuffled with `generator` (but the first,
+    with `keep_first`) and the partial one last, so that the others keep their boundaries."""
+    import torch
+
     batches = [order[i:i + micro_batch] for i in range(0, len(order), micro_batch)]
     tail = batches.pop() if len(batches[-1]) < micro_batch else []
-    rest = batches[1:]  # transformers put the longest example in the first
+    head, rest = (batches[:1], batches[1:]) if keep_first else ([], batches)
     shuffled = [rest[b] for b in torch.randperm(len(rest), generator=generator).tolist()]
-    return [i for batch in batches[:1] + shuffled + [tail] for i in batch]
+    return [i for batch in head + shuffled + [tail] for i in batch]
 
 
 def order_seed(config: Any) -> int:
@@ -56,10 +64,7 @@ def whole_micro_batch_epoch(size: int, micro_batch: int, seed: int, epoch: int) 
     rows = list(range(size))
     if epoch == 0:
         return rows
-    batches = [rows[i:i + micro_batch] for i in range(0, size, micro_batch)]
-    tail = batches.pop() if len(batches[-1]) < micro_batch else []
-    generator = torch.Generator().manual_seed(epoch_seed(seed, epoch))
-    return [i for b in torch.randperm(len(batches), generator=generator).tolist() for i in batches[b]] + tail
+    return shuffled_micro_batches(rows, micro_batch, torch.Generator().manual_seed(epoch_seed(seed, epoch)))
 
 
 class EpochOrder(Sampler[int]):

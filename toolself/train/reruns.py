@@ -115,8 +115,12 @@ def same_run(was: dict[str, Any], now: dict[str, Any]) -> bool:
     however it computes. A run recorded before its data order was is compared without it
     (`StartPoint.order_unrecorded` says so, for the trainer that knows its order to decide)."""
     if ORDER_SETTING not in was.get("settings", {}):
-        now = {**now, "settings": {k: v for k, v in now.get("settings", {}).items() if k != ORDER_SETTING}}
+        now = without_order(now)
     return same_base(was.get("base", {}), now.get("base", {})) and defining(was) == defining(now)
+
+
+def without_order(definition: dict[str, Any]) -> dict[str, Any]:
+    return {**definition, "settings": {k: v for k, v in definition.get("settings", {}).items() if k != ORDER_SETTING}}
 
 
 def defining(definition: dict[str, Any]) -> dict[str, Any]:
@@ -185,7 +189,7 @@ def start_point(out_dir: Path, checkpoints: str | Path, definition: dict[str, An
         out_dir.mkdir(parents=True, exist_ok=True)
         kept = definition if point.moved is None else {**definition, "settings": point.moved.settings}
         if point.order_unrecorded:  # still so when the trainer, which knows its order, refuses it
-            kept = {**kept, "settings": {k: v for k, v in kept["settings"].items() if k != ORDER_SETTING}}
+            kept = without_order(kept)
         atomic_write_text(out_dir / SETTINGS_FILE, json.dumps(kept, indent=2) + "\n")
     state.wait_for_everyone()
     return point
