@@ -120,12 +120,20 @@ def test_a_retrained_adapter_in_the_same_folder_is_another_base(tmp_path):
     assert R.base_identity(tmp_path) != first
 
 
-def checkpoint(folder: Path, step: int, whole_optimizer: bool = False) -> Path:
+# Where each kind of launch saves a checkpoint's optimizer state: transformers' optimizer.pt,
+# accelerate's FSDP files, DeepSpeed's folder.
+SAVED_AS = {"whole": "optimizer.pt", "fsdp-full": "optimizer.bin", "fsdp-sharded": "optimizer_0/",
+            "deepspeed": "global_step{step}/"}
+
+
+def checkpoint(folder: Path, step: int, optimizer: str | None = None) -> Path:
+    """A checkpoint, with its optimizer state's files as the `optimizer` kind of launch saves them."""
     path = folder / f"checkpoint-{step}"
     path.mkdir(parents=True)
     (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
-    if whole_optimizer:  # as one process or DDP saves it
-        (path / "optimizer.pt").write_bytes(b"")
+    if optimizer:
+        saved = path / SAVED_AS[optimizer].format(step=step)
+        saved.mkdir() if SAVED_AS[optimizer].endswith("/") else saved.write_bytes(b"")
     return path
 
 
@@ -171,6 +179,21 @@ def test_a_checkpoint_recorded_before_a_setting_existed_is_refused_naming_it(tmp
         R.start_point(tmp_path, tmp_path / "checkpoints", now, resume=True)
 
 
+@pytest.mark.parametrize("state_dict_type, reads", [("FULL_STATE_DICT", "fsdp-full"),
+                                                     ("SHARDED_STATE_DICT", "fsdp-sharded")])
+def test_an_fsdp_launch_reads_the_optimizer_files_its_state_dict_type_saves(state_dict_type, reads):
+    from types import SimpleNamespace
+
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    from toolself.train.checkpoints import launch_layout
+
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type=state_dict_type)
+    trainer = SimpleNamespace(is_deepspeed_enabled=False, is_fsdp_enabled=True,  # the trainer's flags under FSDP
+                              accelerator=SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)))
+    assert launch_layout(trainer) == reads
+
+
 def in_processes(count: int, accumulation: int = 1, learning_rate: float = 0.01) -> dict:
     return {**DEFINITION, "settings": {"learning_rate": learning_rate, "world_size": count,
                                        "gradient_accumulation_steps": accumulation}}
@@ -180,7 +203,7 @@ def test_a_checkpoint_made_in_another_number_of_processes_resumes_with_the_accum
         tmp_path):
     # a preempted job of 8 GPUs rescheduled onto 2, then onto 4: the effective batch counts every process
     (tmp_path / R.SETTINGS_FILE).write_text(json.dumps(in_processes(8)))
-    latest = checkpoint(tmp_path / "checkpoints", 9, whole_optimizer=True)
+    latest = checkpoint(tmp_path / "checkpoints", 9, optimizer="whole")
     point = R.start_point(tmp_path, tmp_path / "checkpoints", in_processes(2), resume=True)
     assert point.checkpoint == latest and (point.moved.was, point.moved.now, point.moved.accumulation) == (8, 2, 4)
     assert json.loads((tmp_path / R.SETTINGS_FILE).read_text()) == in_processes(8)  # the run as it started
@@ -192,7 +215,7 @@ def test_a_checkpoint_made_in_another_number_of_processes_resumes_with_the_accum
 def test_a_checkpoint_whose_batch_another_number_of_processes_cannot_share_evenly_is_refused_naming_those_that_can(
         tmp_path):
     (tmp_path / R.SETTINGS_FILE).write_text(json.dumps(in_processes(2, accumulation=2)))
-    checkpoint(tmp_path / "checkpoints", 9, whole_optimizer=True)
+    checkpoint(tmp_path / "checkpoints", 9, optimizer="whole")
     with pytest.raises(R.TrainingMismatch, match=r"(?s)world_size: was 2, now 3\n"
                                                  r"It ran in 2 processes of 2 accumulation steps each: .*"
                                                  r"torchrun --nproc_per_node 2.*or resume it in one process or 4 "
@@ -201,16 +224,27 @@ def test_a_checkpoint_whose_batch_another_number_of_processes_cannot_share_evenl
 
 
 def test_a_checkpoint_of_optimizer_state_split_between_its_processes_resumes_only_in_as_many(tmp_path):
-    # ZeRO and FSDP save a shard of the optimizer state per process, not optimizer.pt
     (tmp_path / R.SETTINGS_FILE).write_text(json.dumps(in_processes(8)))
-    checkpoint(tmp_path / "checkpoints", 9)
+    checkpoint(tmp_path / "checkpoints", 9, optimizer="deepspeed")
     with pytest.raises(R.TrainingMismatch, match=r"(?s)world_size: was 8, now 1\n"
-                                                 r"It ran in 8 processes, and checkpoint-9's optimizer state is split "
-                                                 r"between them .*torchrun --nproc_per_node 8"):
+                                                 r"It ran in 8 processes, and checkpoint-9's optimizer state was saved "
+                                                 r"by DeepSpeed, which .*torchrun --nproc_per_node 8"):
         R.start_point(tmp_path, tmp_path / "checkpoints", in_processes(1), resume=True)
     with pytest.raises(R.TrainingMismatch) as refused:  # relaunching would not resume it: no such advice
         R.start_point(tmp_path, tmp_path / "checkpoints", in_processes(1, learning_rate=0.02), resume=True)
     assert "It ran in" not in str(refused.value)
+
+
+@pytest.mark.parametrize("saved", [*SAVED_AS, None])
+def test_a_checkpoint_resumes_only_under_the_kind_of_launch_that_saved_its_optimizer_state(tmp_path, saved):
+    from toolself.train.checkpoints import LAUNCHES, unreadable_optimizer_state
+
+    latest = checkpoint(tmp_path, 9, optimizer=saved)
+    for reads in LAUNCHES:
+        refusal = unreadable_optimizer_state(latest, reads)
+        assert (refusal is None) == (saved in (reads, None)), (saved, reads)
+        if refusal:
+            assert f"saved by a launch with {LAUNCHES[saved]}" in refusal and "--no-resume" in refusal
 
 
 def test_a_run_finished_in_other_processes_is_not_trained_again(tmp_path):
@@ -275,6 +309,35 @@ def test_a_run_checkpointed_in_bf16_resumes_in_fp32_from_its_checkpoint(tmp_path
     assert resumed.extra["resumed_from_step"] == 2 and resumed.steps == 3
     assert resumed.extra["resumed_with_other_compute"] == ["bf16: was True, now False"]
     assert json.loads((tmp_path / R.SETTINGS_FILE).read_text())["compute"]["bf16"] is False
+
+
+def as_deepspeed_saved_it(checkpoint: Path) -> None:
+    """`checkpoint`'s files laid out as a ZeRO launch through the trainer leaves them (DeepSpeed
+    cannot run on a CPU): the optimizer state in DeepSpeed's global_stepN folder, no optimizer.pt."""
+    step = checkpoint.name.rsplit("-", 1)[1]
+    shards = checkpoint / f"global_step{step}"
+    shards.mkdir()
+    (checkpoint / "optimizer.pt").rename(shards / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    (checkpoint / "latest").write_text(f"global_step{step}")
+
+
+def test_a_checkpoint_deepspeed_saved_is_refused_by_a_launch_without_it_which_would_reset_its_optimizer(
+        tmp_path, tiny, tiny_sft):
+    # transformers reads only optimizer.pt without DeepSpeed, and on finding none goes on with a
+    # new optimizer state and learning-rate schedule, without a word
+    from toolself.train.rft import train_rft
+    from toolself.train.rft_config import RFTConfig
+
+    steps = {"max_steps": 2, "save_strategy": "steps", "save_steps": 1}
+    train_rft(tiny_sft[0], tiny, tmp_path, RFTConfig(**settings(tmp_path, **steps)))
+    shutil.rmtree(tmp_path / "checkpoints" / "checkpoint-2")
+    (tmp_path / R.RESULT_FILE).unlink()
+    as_deepspeed_saved_it(tmp_path / "checkpoints" / "checkpoint-1")
+    with pytest.raises(R.TrainingMismatch, match=r"checkpoint-1's optimizer state is in global_step1/, saved by a "
+                                                 r"launch with DeepSpeed; this launch, with neither DeepSpeed nor "
+                                                 r"FSDP, reads optimizer.pt only .*--config_file zero2.yaml"):
+        train_rft(tiny_sft[0], tiny, tmp_path, RFTConfig(**settings(tmp_path, **steps)), resume=True)
+    assert (tmp_path / "checkpoints" / "checkpoint-1" / "global_step1").is_dir()  # kept for the launch that reads it
 
 
 def train_rft_command(tiny: Path, attempts: Path, out: Path, steps: int = 1) -> subprocess.CompletedProcess:

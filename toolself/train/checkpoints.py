@@ -169,3 +169,57 @@ def unrestorable_resume(processes: int, device_type: str, transformers_version: 
                 f"{transformers_version} cannot read the checkpoint's optimizer state back "
                 "(pip install -U 'transformers>=5.18'; the checkpoint is kept)")
     return None
+
+
+# Where each kind of launch keeps a checkpoint's optimizer state (the trainer saves it there and
+# reads it back from there only), and how to launch a run again so.
+LAUNCHES = {"deepspeed": "DeepSpeed", "fsdp-full": "FSDP with full state dicts",
+            "fsdp-sharded": "FSDP with sharded state dicts", "whole": "neither DeepSpeed nor FSDP"}
+OPTIMIZER_FILES = {"deepspeed": "global_step{step}/", "fsdp-full": "optimizer.bin", "fsdp-sharded": "optimizer_0/",
+                   "whole": "optimizer.pt"}
+LAUNCH_AGAIN = {"deepspeed": "the DeepSpeed config it ran under (accelerate launch --config_file zero2.yaml or "
+                             "zero3.yaml, of toolself/train/accelerate/)",
+                "fsdp-full": "the FSDP config it ran under (accelerate launch --config_file fsdp.yaml, of "
+                             "toolself/train/accelerate/)",
+                "fsdp-sharded": "the FSDP config it ran under (fsdp_state_dict_type: SHARDED_STATE_DICT)",
+                "whole": "neither DeepSpeed nor FSDP (python, torchrun, or accelerate launch --config_file ddp.yaml, "
+                         "of toolself/train/accelerate/)"}
+
+
+def optimizer_layout(checkpoint: Path) -> str | None:
+    """Which kind of launch saved `checkpoint`'s optimizer state (a key of LAUNCHES), by the
+    files it left; None where it saved none (`save_only_model`)."""
+    if any(p.is_dir() for p in checkpoint.glob("global_step*")):
+        return "deepspeed"
+    if (checkpoint / "optimizer.bin").is_file():
+        return "fsdp-full"
+    if (checkpoint / "optimizer_0").is_dir() or any(checkpoint.glob("optimizer_0_rank*.bin")):
+        return "fsdp-sharded"
+    return "whole" if (checkpoint / "optimizer.pt").is_file() else None
+
+
+def launch_layout(trainer: Any) -> str:
+    """Where `trainer`, as launched, reads a checkpoint's optimizer state from."""
+    if trainer.is_deepspeed_enabled:
+        return "deepspeed"
+    if trainer.is_fsdp_enabled:
+        kind = trainer.accelerator.state.fsdp_plugin.state_dict_type
+        return "fsdp-full" if "FULL_STATE_DICT" in str(getattr(kind, "name", kind)) else "fsdp-sharded"
+    return "whole"
+
+
+def unreadable_optimizer_state(checkpoint: Path, reads: str) -> str | None:
+    """Why a launch that reads optimizer state as `reads` cannot resume `checkpoint`, or None.
+    Without DeepSpeed, transformers finds no optimizer.pt in a DeepSpeed checkpoint and goes on
+    with a new optimizer state and learning-rate schedule, without a word; the other mismatches
+    fail as they load, after the model has."""
+    saved = optimizer_layout(checkpoint)
+    if saved is None or saved == reads:
+        return None
+    step = checkpoint.name.removeprefix(PREFIX)
+    files = {layout: name.format(step=step) for layout, name in OPTIMIZER_FILES.items()}
+    silently = (" (transformers would go on without it, with a new optimizer state and learning-rate schedule)"
+                if saved == "deepspeed" else "")
+    return (f"{checkpoint.name}'s optimizer state is in {files[saved]}, saved by a launch with {LAUNCHES[saved]}; "
+            f"this launch, with {LAUNCHES[reads]}, reads {files[reads]} only{silently}. Launch it with "
+            f"{LAUNCH_AGAIN[saved]} to go on from it, or train afresh with --no-resume")

@@ -30,7 +30,7 @@ from typing import Any
 
 from toolself.evals.records import atomic_write_text, changed_settings
 from toolself.models.digests import base_identity, same_base
-from toolself.train.checkpoints import last_complete_checkpoint, remove_checkpoints
+from toolself.train.checkpoints import LAUNCHES, last_complete_checkpoint, optimizer_layout, remove_checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -240,18 +240,21 @@ def process_change(recorded: dict[str, Any], definition: dict[str, Any],
     """How a checkpoint of a run in another number of processes goes on here, or why it cannot
     (the hint a refusal ends with). Each optimizer step reads the next effective batch of the
     run's one seeded order, dealt out micro-batch by micro-batch to the processes, so the same
-    effective batch in another number of processes reads the same data at every step. A ZeRO or
-    FSDP run's optimizer state is split between its processes and does not load into another
-    number of them (without DeepSpeed's universal-checkpoint conversion)."""
+    effective batch in another number of processes reads the same data at every step. A
+    DeepSpeed or FSDP run's optimizer state is saved as their launch splits it (DeepSpeed's
+    universal-checkpoint conversion would be needed) or gathers it, and neither is resumed in
+    another number of processes: not tested here, where neither runs on a CPU."""
     was_settings = recorded["settings"]
     was, now = was_settings["world_size"], definition["settings"]["world_size"]
     steps = was_settings.get("gradient_accumulation_steps", 1)
     shared = was * steps  # micro-batches per optimizer step, all processes together
     again = (f"launch it so again to go on from it (torchrun --nproc_per_node {was}, or accelerate launch "
              f"--num_processes {was})" if was > 1 else "run it without a launcher to go on from it")
-    if not (checkpoint / "optimizer.pt").is_file():
-        return None, (f"\nIt ran in {processes(was)}, and {checkpoint.name}'s optimizer state is split between "
-                      f"them (ZeRO or FSDP): {again}.")
+    layout = optimizer_layout(checkpoint)
+    if layout != "whole":
+        saved = f"was saved by {LAUNCHES[layout]}, which" if layout else "is not in it, and"
+        return None, (f"\nIt ran in {processes(was)}, and {checkpoint.name}'s optimizer state {saved} this version "
+                      f"resumes in as many processes only: {again}.")
     if shared % now:
         others = [n for n in range(1, shared + 1) if shared % n == 0 and n != was]
         evenly = f", or resume it in {' or '.join(map(processes, others))}, which share its effective batch evenly"

@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from toolself.train.reruns import StartPoint
+from toolself.train.reruns import StartPoint, TrainingMismatch
 from toolself.train.rft_config import RFTConfig
 
 logger = logging.getLogger(__name__)
@@ -117,8 +117,9 @@ def run_trainer(trainer, counter, out_dir: Path, log_path: Path, examples: int, 
     from accelerate import PartialState
 
     from toolself.interrupts import StoppedEarly
-    from toolself.train.checkpoints import (CheckpointWhenAskedToStop, TimedCheckpoints, asked_to_stop,
-                                            remove_checkpoints, resumed_step, trim_log, unrestorable_resume)
+    from toolself.train.checkpoints import (CheckpointWhenAskedToStop, TimedCheckpoints, asked_to_stop, launch_layout,
+                                            remove_checkpoints, resumed_step, trim_log, unreadable_optimizer_state,
+                                            unrestorable_resume)
     from toolself.train.compact_head import use_compact_head
     from toolself.train.compiled_layers import compile_decoder_layers, should_compile
     from toolself.train.frozen_layers import cache_frozen_layers
@@ -130,6 +131,9 @@ def run_trainer(trainer, counter, out_dir: Path, log_path: Path, examples: int, 
         refusal = unrestorable_resume(args.world_size, args.device.type, transformers.__version__)
         if refusal:
             raise RuntimeError(refusal)
+        unreadable = unreadable_optimizer_state(checkpoint, launch_layout(trainer))
+        if unreadable:
+            raise TrainingMismatch(unreadable)
     use_compact_head(trainer.model)
     compiled, why = should_compile(getattr(args, "compile_layers", False), on_gpu=args.device.type != "cpu")
     if compiled:
