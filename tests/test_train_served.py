@@ -71,6 +71,18 @@ def test_the_policy_collection_and_the_evaluations_go_through_one_server_at_a_ti
     assert not list(out.glob("vllm-*.pid")) and (out / "vllm-kto.log").is_file()
 
 
+def test_an_adapter_of_a_rank_vllm_has_no_setting_for_is_served_under_the_next_one_up(tmp_path, tiny, vllm):
+    # vLLM's --max-lora-rank takes 1, 8, 16, 32, ... 512 only, and any other value fails its start
+    adapter = tmp_path / "rft"
+    random_lora_adapter(tiny, adapter, seed=1, rank=24)
+    with S.AdapterServer(str(vllm), free_port()).serving("rft", adapter, tmp_path):
+        pass  # started: the stand-in, as vLLM, exits at once on a --max-lora-rank of 24
+    assert ledger(tmp_path) == [("start", "rft"), ("stop", "rft")]
+    assert [S.max_lora_rank(r) for r in (1, 4, 16, 17, 320, 512)] == [1, 8, 16, 32, 320, 512]
+    with pytest.raises(S.ServerError, match="rank 1024: vLLM serves LoRA adapters of rank 512 at most"):
+        S.max_lora_rank(1024)
+
+
 def test_a_server_that_exits_while_starting_is_reported_with_its_log(tmp_path, tiny):
     adapter = tmp_path / "rft"
     random_lora_adapter(tiny, adapter, seed=1)
@@ -140,4 +152,17 @@ def test_train_cat_refuses_a_vllm_command_that_is_not_there(tmp_path):
     result = CliRunner().invoke(app, ["train", "cat", "-t", "builtin:research", "-o", str(tmp_path / "cat"),
                                       "--vllm", str(tmp_path / "no-vllm")])
     assert result.exit_code == 2 and "no such command" in result.output + result.stderr
+    assert not (tmp_path / "cat").exists()
+
+
+def test_train_cat_refuses_a_lora_rank_vllm_cannot_serve_before_it_trains(tmp_path, vllm):
+    from typer.testing import CliRunner
+
+    from toolself.cli import app
+
+    result = CliRunner().invoke(app, ["train", "cat", "-t", "builtin:research", "-o", str(tmp_path / "cat"),
+                                      "--vllm", str(vllm), "--kto-options", '{"lora_r": 1024}'])
+    assert result.exit_code == 2
+    assert "--kto-options: LoRA rank 1024: vLLM serves LoRA adapters of rank 512 at most" in \
+        " ".join((result.output + result.stderr).split())
     assert not (tmp_path / "cat").exists()

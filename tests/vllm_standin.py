@@ -3,7 +3,8 @@
 OpenAI-compatible server for the base model and its adapters, each in toolself's own engine,
 routing each request by its `model` as vLLM does (the base by its served name, else its path;
 an adapter by its name; any other name is a 404). An adapter is checked on start as vLLM checks
-a static LoRA module: a LoRA adapter of rank at most R.
+a static LoRA module: a LoRA adapter of rank at most R, where R is one of the ranks vLLM's
+LoRA config accepts (`MaxLoRARanks`; any other value fails the server's start).
 
 A GPU is held while a server runs: with STANDIN_LEDGER set, the server appends when it started
 and stopped there (one JSON line each), so that a test can see which servers ran when.
@@ -21,6 +22,10 @@ import signal
 import sys
 import time
 from pathlib import Path
+
+
+# vLLM's `MaxLoRARanks` (vllm/config/lora.py): the values --max-lora-rank may take.
+MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def standin_executable(folder: Path) -> Path:
@@ -87,7 +92,7 @@ def main() -> None:
     parser.add_argument("command", choices=["serve"])
     parser.add_argument("model")
     parser.add_argument("--enable-lora", action="store_true")
-    parser.add_argument("--max-lora-rank", type=int, default=16)
+    parser.add_argument("--max-lora-rank", type=int, default=16, choices=MAX_LORA_RANKS)
     parser.add_argument("--lora-modules", nargs="+", default=[])
     parser.add_argument("--served-model-name", nargs="+", default=None)
     parser.add_argument("--host", default="127.0.0.1")

@@ -422,7 +422,7 @@ def cat_command(
     the agent's settings, the sampling, the timeout and the tool-call protocol of every model the
     run loads, the tools and scorer of every attempt, and the protocol the data is rendered in."""
     from toolself.train.pipeline import CATSettings, PipelineMismatch, StepDied, run_cat
-    from toolself.train.served import AdapterServer, ServerError
+    from toolself.train.served import AdapterServer, ServerError, max_lora_rank
 
     run_preset = _run_preset(preset)
     if run_preset is not None:
@@ -446,6 +446,11 @@ def cat_command(
             _fail(f"--vllm {vllm}: no such command")
         if settings.rft.to_dict().get("full_finetune"):
             _fail("--vllm serves LoRA adapters, and full_finetune trains none")
+        for stage, options in (("--rft-options", settings.rft), ("--kto-options", settings.kto)):
+            try:
+                max_lora_rank(options.to_dict().get("lora_r", 1))  # the default rank is served
+            except ServerError as exc:
+                _fail(f"{stage}: {exc}")
         server = AdapterServer(vllm, vllm_port)
     try:
         results = run_cat(settings, out, force=force, stop_after=stop_after,

@@ -32,6 +32,21 @@ class ServerError(RuntimeError):
     """A server that did not start, or a port another server holds."""
 
 
+# The values vLLM's --max-lora-rank takes (`MaxLoRARanks` in vllm/config/lora.py): any other
+# fails the server's start.
+MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def max_lora_rank(rank: int) -> int:
+    """The --max-lora-rank that serves an adapter of `rank`: the smallest vLLM takes that holds it
+    (vLLM sizes its LoRA buffers by it)."""
+    for allowed in MAX_LORA_RANKS:
+        if rank <= allowed:
+            return allowed
+    raise ServerError(f"LoRA rank {rank}: vLLM serves LoRA adapters of rank {MAX_LORA_RANKS[-1]} at most (train "
+                      f"with lora_r {MAX_LORA_RANKS[-1]} or less, or serve without --vllm)")
+
+
 @dataclass
 class Served:
     """A running server: its URL, and the name it serves the base model under."""
@@ -68,8 +83,8 @@ class AdapterServer:
         stop_servers(folder)
         if answers(self.url):
             raise ServerError(f"port {self.port} is taken by another server: stop it, or choose another port")
-        rank = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8")).get("r", 16)
-        command = [self.command, "serve", str(base), "--enable-lora", "--max-lora-rank", str(max(16, int(rank))),
+        rank = int(json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8")).get("r", 16))
+        command = [self.command, "serve", str(base), "--enable-lora", "--max-lora-rank", str(max_lora_rank(rank)),
                    "--lora-modules", f"{name}={adapter}", "--served-model-name", base_name, "--port", str(self.port)]
         log = folder / f"vllm-{name}.log"
         with open(log, "ab") as output:
