@@ -64,6 +64,13 @@ else
   fi
 fi
 LAUNCH=${LAUNCH:-}
+if [ -n "$LAUNCH" ]; then
+  # torchrun (accelerate launch runs it) passes on only the signals it handles, and dies of any
+  # other: add SIGUSR1, which Slurm sends ahead of a time limit (--signal=USR1@90), so that the
+  # run saves a checkpoint and stops; and wait for that longer than its 30 s (torch 2.13 reads it).
+  export PET_SIGNALS_TO_HANDLE=${PET_SIGNALS_TO_HANDLE:-SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1}
+  export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-90}
+fi
 PORT=${VLLM_PORT:-8001}  # the RFT server's; the KTO server's is the next one
 
 train() {  # train rft|kto ARGS...: in one process, or in the processes $LAUNCH starts (accelerate

@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -67,6 +69,11 @@ KILLED_RUN = KILLER + textwrap.dedent("""
 def logged(log: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["loss"]) for r in map(json.loads, log.read_text().splitlines())
             if r.get("event") == "log" and "loss" in r]
+
+
+def steps_logged(log: Path) -> int:
+    """The steps a running training has logged, a line it is writing not among them."""
+    return sum('"loss"' in line for line in log.read_text().splitlines(keepends=True) if line.endswith("\n"))
 
 
 def adapter(folder: Path) -> dict:
@@ -231,20 +238,25 @@ LAUNCHED = KILLER + textwrap.dedent("""
 """)
 
 
-def train_rft_in_processes(tmp_path: Path, tiny: Path, attempts: Path, out: Path, processes: int = 2,
-                           kill: bool = False) -> subprocess.CompletedProcess:
-    """`train rft`, with a micro-batch of one and two accumulation steps, under torchrun in
-    `processes` processes, or without a launcher in one."""
+def rft_in_processes(tmp_path: Path, tiny: Path, attempts: Path, out: Path, processes: int = 2,
+                     checkpoint_minutes: str = "1e-9") -> list[str]:
+    """The command line of `train rft`, with a micro-batch of one and two accumulation steps,
+    under torchrun in `processes` processes, or without a launcher in one."""
     script = tmp_path / "launched.py"
     script.write_text(LAUNCHED)
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)] if processes > 1 \
         else []
-    command = [sys.executable, *launcher, str(script),
-               "train", "rft", "--trajectories", str(attempts), "--student", str(tiny), "--out", str(out),
-               "--max-length", "256", "--max-steps", str(STEPS), "--batch-size", "1", "--grad-accum", "2",
-               "--eager-layers", "--checkpoint-minutes", "1e-9"]
+    return [sys.executable, *launcher, str(script),
+            "train", "rft", "--trajectories", str(attempts), "--student", str(tiny), "--out", str(out),
+            "--max-length", "256", "--max-steps", str(STEPS), "--batch-size", "1", "--grad-accum", "2",
+            "--eager-layers", "--checkpoint-minutes", checkpoint_minutes]
+
+
+def train_rft_in_processes(tmp_path: Path, tiny: Path, attempts: Path, out: Path, processes: int = 2,
+                           kill: bool = False) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200", **({"KILL": "1"} if kill else {})}
-    return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    return subprocess.run(rft_in_processes(tmp_path, tiny, attempts, out, processes), capture_output=True, text=True,
+                          timeout=600, cwd=ROOT, env=env)
 
 
 def ends_as(out: Path, whole: Path) -> None:
@@ -266,6 +278,7 @@ def test_two_processes_killed_mid_way_resume_together_or_in_one_and_end_as_if_ne
     attempts = tiny_attempts[2]
     whole = train_rft_in_processes(tmp_path, tiny, attempts, tmp_path / "whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
+    assert "the launcher does not pass SIGUSR1 on to this run" in " ".join(whole.stderr.split())  # torchrun's default
     out, moved = tmp_path / "killed", tmp_path / "moved"
     killed = train_rft_in_processes(tmp_path, tiny, attempts, out, kill=True)
     assert killed.returncode != 0 and not (out / "train_result.json").exists()
@@ -294,6 +307,39 @@ def test_two_processes_killed_mid_way_resume_together_or_in_one_and_end_as_if_ne
 
     again = train_rft_in_processes(tmp_path, tiny, attempts, out)
     assert again.returncode == 0 and "already holds this run's trained model" in again.stdout
+
+
+@pytest.mark.slow
+def test_sigusr1_to_a_launcher_told_to_pass_it_on_checkpoints_the_step_the_processes_are_in(tmp_path, tiny,
+                                                                                            tiny_attempts):
+    """As Slurm sends it ahead of a time limit (--signal=USR1@N) to a job launched with torchrun
+    or accelerate launch: torchrun dies of a signal it does not handle, unless told to pass it on
+    (PET_SIGNALS_TO_HANDLE, as scripts/cat-qwen3.sh sets it)."""
+    out = tmp_path / "run"
+    command = rft_in_processes(tmp_path, tiny, tiny_attempts[2], out, checkpoint_minutes="60")
+    env = {**os.environ, "COLUMNS": "200", "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"}
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    log, deadline = out / "train_log.jsonl", time.monotonic() + 300
+    while not (log.is_file() and steps_logged(log) >= TERMINATED_AT) and launcher.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    launcher.send_signal(signal.SIGUSR1)
+    stdout, stderr = launcher.communicate(timeout=300)
+    said = " ".join((stdout + stderr).split())
+    assert "training stopped by SIGUSR1 at step" in said and "does not pass" not in said
+    stopped_at = max(step for step, _ in logged(log))
+    assert TERMINATED_AT <= stopped_at < STEPS and not (out / "train_result.json").exists()
+    assert C.last_complete_checkpoint(out / "checkpoints") == out / "checkpoints" / f"checkpoint-{stopped_at}"
+
+
+def test_a_launcher_that_would_die_of_a_stop_signal_is_named_with_the_setting_that_passes_it_on():
+    assert C.signals_the_launcher_drops({}) is None  # no launcher: the run gets its signals itself
+    torchrun = {"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT"}
+    dropped = C.signals_the_launcher_drops(torchrun)
+    assert "does not pass SIGUSR1 on" in dropped
+    assert "PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in dropped
+    assert C.signals_the_launcher_drops({**torchrun, "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM, SIGUSR1"}) is None
+    assert "SIGUSR1" in C.signals_the_launcher_drops({"TORCHELASTIC_RUN_ID": "none"})  # torchrun's default
 
 
 def test_a_resume_transformers_cannot_read_back_is_refused_only_for_several_cpu_processes_before_5_18():

@@ -327,6 +327,7 @@ def test_the_recipe_trains_under_a_launcher_and_serves_with_vllm_one_server_at_a
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     for stage in ("rft", "kto"):
         assert json.loads((out / stage / "train_settings.json").read_text())["settings"]["world_size"] == 2
+    assert "does not pass SIGUSR1" not in done.stderr  # the script has torchrun pass it on, as Slurm sends it
     events = [json.loads(line) for line in ledger.read_text().splitlines()]
     assert [(e["event"], e["names"][-1]) for e in events] == [("start", "rft"), ("stop", "rft"), ("start", "rft"),
                                                              ("stop", "rft"), ("start", "kto"), ("stop", "kto")]

@@ -23,13 +23,14 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from transformers import TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME as STATE_FILE  # what the trainer writes last into a checkpoint
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from toolself.evals.records import atomic_write_lines
+from toolself.interrupts import STOP_SIGNALS, handling_stop_signals
 from toolself.train.collective import same_on_every_process
 
 PREFIX = PREFIX_CHECKPOINT_DIR + "-"
@@ -68,8 +69,6 @@ class StopRequest:
 def asked_to_stop() -> Iterator[StopRequest]:
     """A block in which a stop signal (`interrupts.STOP_SIGNALS`) does not stop the process but
     is recorded in the request that `CheckpointWhenAskedToStop` reads at the end of each step."""
-    from toolself.interrupts import handling_stop_signals
-
     request = StopRequest()
 
     def record(signum: int, _frame: Any) -> None:
@@ -77,6 +76,28 @@ def asked_to_stop() -> Iterator[StopRequest]:
 
     with handling_stop_signals(record):
         yield request
+
+
+# What torchrun (and accelerate launch, which runs it) handles unless told otherwise.
+LAUNCHER_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+
+def signals_the_launcher_drops(environ: Mapping[str, str]) -> str | None:
+    """Why a stop signal sent to this run's launcher would not reach the run, or None. torchrun
+    passes on to its processes only the signals it handles (`--signals-to-handle`); any other,
+    such as the SIGUSR1 that Slurm sends ahead of a time limit, kills the launcher at once, and
+    the job ends without the checkpoint the signal asked for."""
+    if "TORCHELASTIC_RUN_ID" not in environ:  # not under torchrun
+        return None
+    handled = [name.strip() for name in environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", LAUNCHER_SIGNALS).split(",")]
+    dropped = [stop.name for stop in STOP_SIGNALS if stop.name not in handled]
+    if not dropped:
+        return None
+    wanted = ",".join(handled + dropped)
+    return (f"the launcher does not pass {' or '.join(dropped)} on to this run: sent to it (as Slurm sends SIGUSR1 "
+            f"ahead of a time limit, --signal=USR1@N), it would die at once and the run with it, without a "
+            f"checkpoint. Launch with PET_SIGNALS_TO_HANDLE={wanted} in the environment (torchrun "
+            f"--signals-to-handle {wanted}) to have the run save a checkpoint and stop")
 
 
 class CheckpointWhenAskedToStop(TrainerCallback):

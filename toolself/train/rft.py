@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field, fields
 from functools import partial
@@ -118,8 +119,8 @@ def run_trainer(trainer, counter, out_dir: Path, log_path: Path, examples: int, 
 
     from toolself.interrupts import StoppedEarly
     from toolself.train.checkpoints import (CheckpointWhenAskedToStop, TimedCheckpoints, asked_to_stop, launch_layout,
-                                            remove_checkpoints, resumed_step, trim_log, unreadable_optimizer_state,
-                                            unrestorable_resume)
+                                            remove_checkpoints, resumed_step, signals_the_launcher_drops, trim_log,
+                                            unreadable_optimizer_state, unrestorable_resume)
     from toolself.train.compact_head import use_compact_head
     from toolself.train.compiled_layers import compile_decoder_layers, should_compile
     from toolself.train.frozen_layers import cache_frozen_layers
@@ -151,6 +152,9 @@ def run_trainer(trainer, counter, out_dir: Path, log_path: Path, examples: int, 
         else:
             trim_log(log_path, start_step)
             logger.info("resuming from %s", checkpoint)
+    dropped = signals_the_launcher_drops(os.environ)
+    if dropped and PartialState().is_main_process:
+        logger.warning(dropped)
     started = time.perf_counter()
     with asked_to_stop() as stop:
         trainer.add_callback(CheckpointWhenAskedToStop(stop))
