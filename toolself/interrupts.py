@@ -17,13 +17,14 @@ that went down).
 from __future__ import annotations
 
 import functools
+import os
 import shlex
 import signal
 import sys
 import threading
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 EXIT_INTERRUPTED = 130
 EXIT_STOPPED = 1
@@ -77,9 +78,25 @@ def resume_command(argv: list[str], resume_off: bool) -> str:
     return shlex.join(program + args)
 
 
+def launched_rank(environ: Mapping[str, str]) -> int | None:
+    """This process's rank among those a launcher (torchrun, accelerate launch) started, or None
+    without one."""
+    return int(environ["RANK"]) if "TORCHELASTIC_RUN_ID" in environ and "RANK" in environ else None
+
+
 def say_how_to_resume(command: F) -> F:
     """Decorates a resumable command: Ctrl-C (or a stop signal) ends it with status 130 and the
-    resume line, a `StoppedEarly` with status 1, its message and the resume line."""
+    resume line, a `StoppedEarly` with status 1, its message and the resume line. Under a
+    launcher, every process runs the command and is stopped, and the first one says so, for all."""
+
+    def ended(code: int, said: str, resume_off: bool) -> None:
+        rank = launched_rank(os.environ)
+        if not rank:
+            again = resume_command(sys.argv, resume_off)
+            if rank == 0:
+                again += " (its processes started as before: torchrun or accelerate launch, with the same options)"
+            _say(f"{said}{again}")
+        raise SystemExit(code) from None
 
     @functools.wraps(command)
     def resumable(*args, **kwargs):
@@ -87,11 +104,9 @@ def say_how_to_resume(command: F) -> F:
             with stop_signal_interrupts():
                 return command(*args, **kwargs)
         except KeyboardInterrupt:
-            _say(f"interrupted; to resume: {resume_command(sys.argv, kwargs.get('resume') is False)}")
-            raise SystemExit(EXIT_INTERRUPTED) from None
+            ended(EXIT_INTERRUPTED, "interrupted; to resume: ", kwargs.get("resume") is False)
         except StoppedEarly as exc:
-            _say(f"error: {exc}\nto resume: {resume_command(sys.argv, kwargs.get('resume') is False)}")
-            raise SystemExit(EXIT_STOPPED) from None
+            ended(EXIT_STOPPED, f"error: {exc}\nto resume: ", kwargs.get("resume") is False)
 
     return resumable  # type: ignore[return-value]
 
