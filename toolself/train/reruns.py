@@ -241,9 +241,9 @@ def process_change(recorded: dict[str, Any], definition: dict[str, Any],
     (the hint a refusal ends with). Each optimizer step reads the next effective batch of the
     run's one seeded order, dealt out micro-batch by micro-batch to the processes, so the same
     effective batch in another number of processes reads the same data at every step. A
-    DeepSpeed or FSDP run's optimizer state is saved as their launch splits it (DeepSpeed's
-    universal-checkpoint conversion would be needed) or gathers it, and neither is resumed in
-    another number of processes: not tested here, where neither runs on a CPU."""
+    DeepSpeed or FSDP run's optimizer state is saved split between its processes (DeepSpeed's
+    universal-checkpoint conversion would be needed) or gathered in a file of FSDP's own, and is
+    resumed only in as many processes: neither launch runs on a CPU, where this could be tested."""
     was_settings = recorded["settings"]
     was, now = was_settings["world_size"], definition["settings"]["world_size"]
     steps = was_settings.get("gradient_accumulation_steps", 1)
@@ -252,9 +252,9 @@ def process_change(recorded: dict[str, Any], definition: dict[str, Any],
              f"--num_processes {was})" if was > 1 else "run it without a launcher to go on from it")
     layout = optimizer_layout(checkpoint)
     if layout != "whole":
-        saved = f"was saved by {LAUNCHES[layout]}, which" if layout else "is not in it, and"
+        saved = f"was saved by {LAUNCHES[layout]}, which" if layout else "was not saved (save_only_model), and"
         return None, (f"\nIt ran in {processes(was)}, and {checkpoint.name}'s optimizer state {saved} this version "
-                      f"resumes in as many processes only: {again}.")
+                      f"resumes only in as many processes: {again}.")
     if shared % now:
         others = [n for n in range(1, shared + 1) if shared % n == 0 and n != was]
         evenly = f", or resume it in {' or '.join(map(processes, others))}, which share its effective batch evenly"
