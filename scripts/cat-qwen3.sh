@@ -73,12 +73,45 @@ if [ -n "$LAUNCH" ]; then
 fi
 PORT=${VLLM_PORT:-8001}  # the RFT server's; the KTO server's is the next one
 
+# A stop signal sent to this script alone (a container's first process, a batch script) goes on
+# to the command it is running, which saves what it did and exits with the line that resumes it;
+# the script then exits with that command's status. Outside a command, the script just exits.
+# A command runs in the background so that the script can pass signals on while it waits; such
+# a command ignores SIGINT, so Ctrl-C reaches it as SIGTERM, which toolself takes as Ctrl-C.
+RUNNING=""
+pass_on() {  # pass_on SIGNAL STATUS
+  if [ -n "$RUNNING" ]; then
+    kill -s "$1" "$RUNNING" 2>/dev/null || true
+  else
+    exit "$2"
+  fi
+}
+trap 'pass_on TERM 143' TERM
+trap 'pass_on USR1 138' USR1
+trap 'pass_on TERM 130' INT
+
+run() {  # run COMMAND...: run it, passing stop signals on, and return its status
+  "$@" &
+  RUNNING=$!
+  local status
+  while :; do
+    status=0
+    wait "$RUNNING" || status=$?
+    kill -0 "$RUNNING" 2>/dev/null || break  # else a signal ended the wait, not the command
+  done
+  if [ "$status" -gt 128 ]; then  # the command may have ended as the signal came: its own status
+    wait "$RUNNING" 2>/dev/null && status=0 || { local again=$?; [ "$again" = 127 ] || status=$again; }
+  fi
+  RUNNING=""
+  return "$status"
+}
+
 train() {  # train rft|kto ARGS...: in one process, or in the processes $LAUNCH starts (accelerate
   # launch and torchrun run a module with -m; given a command name they would look for a file)
   if [ -n "$LAUNCH" ]; then
-    $LAUNCH -m toolself train "$@"
+    run $LAUNCH -m toolself train "$@"
   else
-    $TOOLSELF train "$@"
+    run $TOOLSELF train "$@"
   fi
 }
 
@@ -90,7 +123,7 @@ NO_THINKING='{"chat_template_kwargs": {"enable_thinking": false}}'
 collect() {  # collect NAME MODEL TASKS SPLIT TEMPERATURE REPEATS [student]
   local request=()
   [ "${7:-}" = student ] && [ "${2#openai:}" != "$2" ] && request=(--request-options "$NO_THINKING")
-  $TOOLSELF eval --model "$2" --tasks "$3" --split "$4" --temperature "$5" --repeats "$6" --seed "$SEED" \
+  run $TOOLSELF eval --model "$2" --tasks "$3" --split "$4" --temperature "$5" --repeats "$6" --seed "$SEED" \
       --concurrency "$CONCURRENCY" "${EVAL_ARGS[@]}" ${request[@]+"${request[@]}"} --no-report --out "$OUT/$1"
 }
 
@@ -111,10 +144,13 @@ serve() {  # serve NAME BASE ADAPTER PORT [BASE_NAME]: start vLLM with the adapt
     echo "local:$3"
     return
   fi
-  local url="http://127.0.0.1:$4/v1"
+  local url="http://127.0.0.1:$4/v1" rank
   if ! { [ -f "$OUT/vllm-$1.pid" ] && kill -0 "$(cat "$OUT/vllm-$1.pid")" 2>/dev/null; }; then
     up "$url" && die "port $4 is taken by another server: stop it, or free the port"
-    setsid "$VLLM" serve "$2" --enable-lora --max-lora-rank 16 --lora-modules "$1=$3" \
+    # vLLM takes a --max-lora-rank of 1, 8, 16, 32 ... 512 only: the smallest that holds the rank
+    rank=$($PYTHON -c 'import json, sys; from toolself.train.served import max_lora_rank
+print(max_lora_rank(json.load(open(sys.argv[1]))["r"]))' "$3/adapter_config.json")
+    setsid "$VLLM" serve "$2" --enable-lora --max-lora-rank "$rank" --lora-modules "$1=$3" \
         --served-model-name "${5:-base}" --port "$4" \
         >"$OUT/vllm-$1.log" 2>&1 </dev/null &
     echo $! >"$OUT/vllm-$1.pid"
@@ -175,5 +211,5 @@ stop rft
 KTO=$(serve kto "$OUT/kto/base" "$OUT/kto" "$((PORT + 1))")
 collect eval/kto "$KTO" "$TEST_TASKS" "$TEST_SPLIT" 0 1 student
 stop kto
-$TOOLSELF report "$OUT/eval/student" "$OUT/eval/rft" "$OUT/eval/kto" --out "$OUT/report"
+run $TOOLSELF report "$OUT/eval/student" "$OUT/eval/rft" "$OUT/eval/kto" --out "$OUT/report"
 echo "done: $OUT"

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -275,10 +277,13 @@ def test_the_gpu_session_runs_in_miniature_on_a_cpu_from_a_carried_kit(tmp_path,
     assert 0 < fractions["random"] <= 1 and 0 < fractions["length_grouped"] <= 1  # a few sequences: no ordering
 
 
+def recipe_environment(env_overrides: dict[str, str]) -> dict[str, str]:
+    return {**os.environ, "TOOLSELF": f"{sys.executable} -m toolself", "PYTHON": sys.executable, **env_overrides}
+
+
 def run_recipe(env_overrides: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TOOLSELF": f"{sys.executable} -m toolself", "PYTHON": sys.executable, **env_overrides}
     return subprocess.run(["bash", str(ROOT / "scripts" / "cat-qwen3.sh")], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=env)
+                          timeout=timeout, cwd=ROOT, env=recipe_environment(env_overrides))
 
 
 @pytest.mark.slow
@@ -346,6 +351,45 @@ def test_the_recipe_trains_under_a_launcher_and_serves_with_vllm_one_server_at_a
         assert options["extra_body"] == {"chat_template_kwargs": {"enable_thinking": False}}
     assert "enable_thinking" not in (out / "teacher" / "run.json").read_text()
     assert not list(out.glob("vllm-*.pid"))
+
+
+# A command that runs until a stop signal comes, then says which and exits as toolself does on one.
+UNTIL_STOPPED = """
+import pathlib, signal, sys, time
+
+def stop(signum, frame):
+    print(f"got {signal.Signals(signum).name}; to resume: the same command", file=sys.stderr, flush=True)
+    sys.exit(130)
+
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGUSR1, stop)
+pathlib.Path(sys.argv[1]).write_text(" ".join(sys.argv[2:]))
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("sent, received", [("SIGTERM", "SIGTERM"), ("SIGUSR1", "SIGUSR1"), ("SIGINT", "SIGTERM")])
+def test_a_stop_signal_to_the_recipe_script_alone_reaches_the_command_it_runs_and_leaves_nothing_running(
+        tmp_path, tiny, sent, received):
+    """As a container's first process, or a batch script, is signalled: the script passes the
+    signal on to the command it is running (Ctrl-C as SIGTERM, since a command the script runs in
+    the background ignores SIGINT), and exits with that command's status once it has stopped."""
+    command, running = tmp_path / "until_stopped.py", tmp_path / "running"
+    command.write_text(UNTIL_STOPPED)
+    environment = recipe_environment({"CAT_MINIATURE": "1", "MODEL": str(tiny), "OUT": str(tmp_path / "run"),
+                                      "TOOLSELF": f"{sys.executable} {command} {running}"})
+    script = subprocess.Popen(["bash", str(ROOT / "scripts" / "cat-qwen3.sh")], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True, env=environment)
+    deadline = time.monotonic() + 60
+    while not running.is_file():  # the teacher's collection is under way
+        assert script.poll() is None and time.monotonic() < deadline, script.communicate()
+        time.sleep(0.05)
+    script.send_signal(signal.Signals[sent])  # to the script's process alone
+    _, stderr = script.communicate(timeout=60)
+    assert script.returncode == 130 and f"got {received}; to resume" in stderr, (script.returncode, stderr[-2000:])
+    assert running.read_text().startswith("eval --model expert")
+    with pytest.raises(ProcessLookupError):
+        os.killpg(script.pid, 0)  # no process of the run is left running
 
 
 FRAMES_ROWS = [("", "Prompt", "Answer", "wiki_links", "reasoning_types")] + [
