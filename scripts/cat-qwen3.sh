@@ -139,9 +139,10 @@ up() {  # up URL: whether an OpenAI-compatible server answers there
 }
 
 serve() {  # serve NAME BASE ADAPTER PORT [BASE_NAME]: start vLLM with the adapter, the base served
-  # as BASE_NAME (default: base); print the adapter's model spec
+  # as BASE_NAME (default: base); SERVED is then the adapter's model spec. In this shell, not in a
+  # $(...) one, so that a stop signal while vLLM starts ends the script (and the server) at once.
   if [ -z "$VLLM" ]; then
-    echo "local:$3"
+    SERVED="local:$3"
     return
   fi
   local url="http://127.0.0.1:$4/v1" rank
@@ -161,7 +162,7 @@ print(max_lora_rank(json.load(open(sys.argv[1]))["r"]))' "$3/adapter_config.json
     sleep 2
   done
   up "$url" || die "vLLM did not come up on port $4: see $OUT/vllm-$1.log"
-  echo "openai:$1@$url"
+  SERVED="openai:$1@$url"
 }
 
 stop() {  # stop NAME: stop the server `serve NAME` started and wait until it has let go of its GPU
@@ -188,7 +189,8 @@ train rft --trajectories "$OUT/teacher" --student "$MODEL" --out "$OUT/rft" --se
     --resume "${RFT_ARGS[@]}"
 
 echo "== 3. the RFT model: $REPEATS attempts per training task at temperature $TEMPERATURE"
-RFT=$(serve rft "$MODEL" "$OUT/rft" "$PORT" student)
+serve rft "$MODEL" "$OUT/rft" "$PORT" student
+RFT=$SERVED
 collect policy "$RFT" "$TRAIN_TASKS" "$TRAIN_SPLIT" "$TEMPERATURE" "$REPEATS" student
 stop rft
 
@@ -200,7 +202,8 @@ echo "== 4. trajectory-level KTO on the RFT model's attempts"
       --resume "${KTO_ARGS[@]}"
 
 echo "== 5. student, RFT and KTO on the held-out questions (greedy)"
-RFT=$(serve rft "$MODEL" "$OUT/rft" "$PORT" student)
+serve rft "$MODEL" "$OUT/rft" "$PORT" student
+RFT=$SERVED
 # The RFT server's base, by a name and not by MODEL's path, which a job resumed on another node
 # may have mounted elsewhere; step 2 has refused another model by its digest
 STUDENT="local:$MODEL"
@@ -208,7 +211,8 @@ STUDENT="local:$MODEL"
 collect eval/student "$STUDENT" "$TEST_TASKS" "$TEST_SPLIT" 0 1 student
 collect eval/rft "$RFT" "$TEST_TASKS" "$TEST_SPLIT" 0 1 student
 stop rft
-KTO=$(serve kto "$OUT/kto/base" "$OUT/kto" "$((PORT + 1))")
+serve kto "$OUT/kto/base" "$OUT/kto" "$((PORT + 1))"
+KTO=$SERVED
 collect eval/kto "$KTO" "$TEST_TASKS" "$TEST_SPLIT" 0 1 student
 stop kto
 run $TOOLSELF report "$OUT/eval/student" "$OUT/eval/rft" "$OUT/eval/kto" --out "$OUT/report"

@@ -392,6 +392,36 @@ def test_a_stop_signal_to_the_recipe_script_alone_reaches_the_command_it_runs_an
         os.killpg(script.pid, 0)  # no process of the run is left running
 
 
+def test_a_stop_signal_while_vllm_starts_ends_the_script_and_stops_the_server_at_once(tmp_path, tiny):
+    # vLLM takes minutes to start; the script polls it, and a preempted job must not wait that out
+    out, started, vllm = tmp_path / "run", tmp_path / "vllm-started", tmp_path / "vllm"
+    (out / "rft").mkdir(parents=True)
+    (out / "rft" / "adapter_config.json").write_text(json.dumps({"r": 16}))  # as RFT left it
+    vllm.write_text(f"#!/bin/sh\ntouch {started}\nexec sleep 120\n")  # starts, and never answers
+    vllm.chmod(0o755)
+    environment = recipe_environment({"CAT_MINIATURE": "1", "MODEL": str(tiny), "OUT": str(out), "TOOLSELF": "true",
+                                      "VLLM": str(vllm), "VLLM_PORT": str(free_port())})
+    script = subprocess.Popen(["bash", str(ROOT / "scripts" / "cat-qwen3.sh")], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True, env=environment)
+    deadline = time.monotonic() + 60
+    while not started.is_file():
+        assert script.poll() is None and time.monotonic() < deadline, script.communicate()
+        time.sleep(0.05)
+    server = int((out / "vllm-rft.pid").read_text())
+    signalled = time.monotonic()
+    script.send_signal(signal.SIGTERM)
+    try:
+        script.communicate(timeout=30)
+    except subprocess.TimeoutExpired:  # still waiting for the server: leave nothing behind
+        for group in (script.pid, server):
+            os.killpg(group, signal.SIGKILL)
+        raise
+    assert script.returncode == 143 and time.monotonic() - signalled < 15
+    assert not (out / "vllm-rft.pid").exists()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(server, 0)  # stopped as the script ended
+
+
 FRAMES_ROWS = [("", "Prompt", "Answer", "wiki_links", "reasoning_types")] + [
     (str(i), f"Question {i}?", f"Answer {i}", "['https://en.wikipedia.org/wiki/X']", "Numerical reasoning")
     for i in range(10)]
