@@ -131,9 +131,10 @@ def checkpoint(folder: Path, step: int, optimizer: str | None = None) -> Path:
     path = folder / f"checkpoint-{step}"
     path.mkdir(parents=True)
     (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
-    if optimizer:
-        saved = path / SAVED_AS[optimizer].format(step=step)
-        saved.mkdir() if SAVED_AS[optimizer].endswith("/") else saved.write_bytes(b"")
+    if optimizer and SAVED_AS[optimizer].endswith("/"):
+        (path / SAVED_AS[optimizer].format(step=step)).mkdir()
+    elif optimizer:
+        (path / SAVED_AS[optimizer]).write_bytes(b"")
     return path
 
 
