@@ -245,7 +245,7 @@ def test_a_checkpoint_resumes_only_under_the_kind_of_launch_that_saved_its_optim
         refusal = unreadable_optimizer_state(latest, reads)
         assert (refusal is None) == (saved in (reads, None)), (saved, reads)
         if refusal:
-            assert f"saved by a launch with {LAUNCHES[saved]}" in refusal and "--no-resume" in refusal
+            assert f"saved by a launch with {LAUNCHES[saved].name}" in refusal and "--no-resume" in refusal
 
 
 def test_a_run_finished_in_other_processes_is_not_trained_again(tmp_path):

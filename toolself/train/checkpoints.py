@@ -192,19 +192,26 @@ def unrestorable_resume(processes: int, device_type: str, transformers_version: 
     return None
 
 
-# Where each kind of launch keeps a checkpoint's optimizer state (the trainer saves it there and
-# reads it back from there only), and how to launch a run again so.
-LAUNCHES = {"deepspeed": "DeepSpeed", "fsdp-full": "FSDP with full state dicts",
-            "fsdp-sharded": "FSDP with sharded state dicts", "whole": "neither DeepSpeed nor FSDP"}
-OPTIMIZER_FILES = {"deepspeed": "global_step{step}/", "fsdp-full": "optimizer.bin", "fsdp-sharded": "optimizer_0/",
-                   "whole": "optimizer.pt"}
-LAUNCH_AGAIN = {"deepspeed": "the DeepSpeed config it ran under (accelerate launch --config_file zero2.yaml or "
-                             "zero3.yaml, of toolself/train/accelerate/)",
-                "fsdp-full": "the FSDP config it ran under (accelerate launch --config_file fsdp.yaml, of "
-                             "toolself/train/accelerate/)",
-                "fsdp-sharded": "the FSDP config it ran under (fsdp_state_dict_type: SHARDED_STATE_DICT)",
-                "whole": "neither DeepSpeed nor FSDP (python, torchrun, or accelerate launch --config_file ddp.yaml, "
-                         "of toolself/train/accelerate/)"}
+@dataclass(frozen=True)
+class Launch:
+    """A kind of launch, as a checkpoint's optimizer state shows it: the trainer saves that state
+    in `files` under it and reads it back from there only."""
+
+    name: str
+    files: str
+    again: str  # how to launch a run so again
+
+
+LAUNCHES = {
+    "deepspeed": Launch("DeepSpeed", "global_step{step}/", "the DeepSpeed config it ran under (accelerate launch "
+                        "--config_file zero2.yaml or zero3.yaml, of toolself/train/accelerate/)"),
+    "fsdp-full": Launch("FSDP with full state dicts", "optimizer.bin", "the FSDP config it ran under (accelerate "
+                        "launch --config_file fsdp.yaml, of toolself/train/accelerate/)"),
+    "fsdp-sharded": Launch("FSDP with sharded state dicts", "optimizer_0/",
+                           "the FSDP config it ran under (fsdp_state_dict_type: SHARDED_STATE_DICT)"),
+    "whole": Launch("neither DeepSpeed nor FSDP", "optimizer.pt", "neither DeepSpeed nor FSDP (python, torchrun, or "
+                    "accelerate launch --config_file ddp.yaml, of toolself/train/accelerate/)"),
+}
 
 
 def optimizer_layout(checkpoint: Path) -> str | None:
@@ -238,9 +245,9 @@ def unreadable_optimizer_state(checkpoint: Path, reads: str) -> str | None:
     if saved is None or saved == reads:
         return None
     step = checkpoint.name.removeprefix(PREFIX)
-    files = {layout: name.format(step=step) for layout, name in OPTIMIZER_FILES.items()}
+    was, now = LAUNCHES[saved], LAUNCHES[reads]
     silently = (" (transformers would go on without it, with a new optimizer state and learning-rate schedule)"
                 if saved == "deepspeed" else "")
-    return (f"{checkpoint.name}'s optimizer state is in {files[saved]}, saved by a launch with {LAUNCHES[saved]}; "
-            f"this launch, with {LAUNCHES[reads]}, reads {files[reads]} only{silently}. Launch it with "
-            f"{LAUNCH_AGAIN[saved]} to go on from it, or train afresh with --no-resume")
+    return (f"{checkpoint.name}'s optimizer state is in {was.files.format(step=step)}, saved by a launch with "
+            f"{was.name}; this launch, with {now.name}, reads {now.files.format(step=step)} only{silently}. Launch it "
+            f"with {was.again} to go on from it, or train afresh with --no-resume")

@@ -252,7 +252,7 @@ def process_change(recorded: dict[str, Any], definition: dict[str, Any],
              f"--num_processes {was})" if was > 1 else "run it without a launcher to go on from it")
     layout = optimizer_layout(checkpoint)
     if layout != "whole":
-        saved = f"was saved by {LAUNCHES[layout]}, which" if layout else "was not saved (save_only_model), and"
+        saved = f"was saved by {LAUNCHES[layout].name}, which" if layout else "was not saved (save_only_model), and"
         return None, (f"\nIt ran in {processes(was)}, and {checkpoint.name}'s optimizer state {saved} this version "
                       f"resumes only in as many processes: {again}.")
     if shared % now:
