@@ -335,12 +335,13 @@ def test_sigusr1_to_a_launcher_told_to_pass_it_on_checkpoints_the_step_the_proce
 
 def test_a_launcher_that_would_die_of_a_stop_signal_is_named_with_the_setting_that_passes_it_on():
     assert C.signals_the_launcher_drops({}) is None  # no launcher: the run gets its signals itself
-    torchrun = {"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT"}
+    launched = {"TORCHELASTIC_RUN_ID": "none", "RANK": "0"}  # what torchrun sets in each process
+    torchrun = {**launched, "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT"}
     dropped = C.signals_the_launcher_drops(torchrun)
     assert "does not pass SIGUSR1 on" in dropped
     assert "PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in dropped
     assert C.signals_the_launcher_drops({**torchrun, "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM, SIGUSR1"}) is None
-    assert "SIGUSR1" in C.signals_the_launcher_drops({"TORCHELASTIC_RUN_ID": "none"})  # torchrun's default
+    assert "SIGUSR1" in C.signals_the_launcher_drops(launched)  # torchrun's default
 
 
 def test_a_resume_transformers_cannot_read_back_is_refused_only_for_several_cpu_processes_before_5_18():

@@ -30,7 +30,7 @@ from transformers.trainer import TRAINER_STATE_NAME as STATE_FILE  # what the tr
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from toolself.evals.records import atomic_write_lines
-from toolself.interrupts import STOP_SIGNALS, handling_stop_signals
+from toolself.interrupts import STOP_SIGNALS, handling_stop_signals, launched_rank
 from toolself.train.collective import same_on_every_process
 
 PREFIX = PREFIX_CHECKPOINT_DIR + "-"
@@ -87,7 +87,7 @@ def signals_the_launcher_drops(environ: Mapping[str, str]) -> str | None:
     passes on to its processes only the signals it handles (`--signals-to-handle`); any other,
     such as the SIGUSR1 that Slurm sends ahead of a time limit, kills the launcher at once, and
     the job ends without the checkpoint the signal asked for."""
-    if "TORCHELASTIC_RUN_ID" not in environ:  # not under torchrun
+    if launched_rank(environ) is None:  # not under torchrun
         return None
     handled = [name.strip() for name in environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", LAUNCHER_SIGNALS).split(",")]
     dropped = [stop.name for stop in STOP_SIGNALS if stop.name not in handled]
