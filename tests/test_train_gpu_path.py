@@ -286,6 +286,18 @@ def run_recipe(env_overrides: dict[str, str], timeout: float) -> subprocess.Comp
                           timeout=timeout, cwd=ROOT, env=recipe_environment(env_overrides))
 
 
+def recipe_started_until(ready: Path, env_overrides: dict[str, str]) -> subprocess.Popen:
+    """The recipe script, in a session of its own, once `ready` exists."""
+    script = subprocess.Popen(["bash", str(ROOT / "scripts" / "cat-qwen3.sh")], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
+                              env=recipe_environment(env_overrides))
+    deadline = time.monotonic() + 60
+    while not ready.is_file():
+        assert script.poll() is None and time.monotonic() < deadline, script.communicate()
+        time.sleep(0.05)
+    return script
+
+
 @pytest.mark.slow
 def test_the_qwen3_recipe_script_runs_end_to_end_in_miniature_and_redoes_a_step_cut_short_on_another_node(
         tmp_path, tiny):
@@ -376,14 +388,9 @@ def test_a_stop_signal_to_the_recipe_script_alone_reaches_the_command_it_runs_an
     the background ignores SIGINT), and exits with that command's status once it has stopped."""
     command, running = tmp_path / "until_stopped.py", tmp_path / "running"
     command.write_text(UNTIL_STOPPED)
-    environment = recipe_environment({"CAT_MINIATURE": "1", "MODEL": str(tiny), "OUT": str(tmp_path / "run"),
-                                      "TOOLSELF": f"{sys.executable} {command} {running}"})
-    script = subprocess.Popen(["bash", str(ROOT / "scripts" / "cat-qwen3.sh")], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True, env=environment)
-    deadline = time.monotonic() + 60
-    while not running.is_file():  # the teacher's collection is under way
-        assert script.poll() is None and time.monotonic() < deadline, script.communicate()
-        time.sleep(0.05)
+    # started until the command is running, as the teacher's collection
+    script = recipe_started_until(running, {"CAT_MINIATURE": "1", "MODEL": str(tiny), "OUT": str(tmp_path / "run"),
+                                            "TOOLSELF": f"{sys.executable} {command} {running}"})
     script.send_signal(signal.Signals[sent])  # to the script's process alone
     _, stderr = script.communicate(timeout=60)
     assert script.returncode == 130 and f"got {received}; to resume" in stderr, (script.returncode, stderr[-2000:])
@@ -399,14 +406,8 @@ def test_a_stop_signal_while_vllm_starts_ends_the_script_and_stops_the_server_at
     (out / "rft" / "adapter_config.json").write_text(json.dumps({"r": 16}))  # as RFT left it
     vllm.write_text(f"#!/bin/sh\ntouch {started}\nexec sleep 120\n")  # starts, and never answers
     vllm.chmod(0o755)
-    environment = recipe_environment({"CAT_MINIATURE": "1", "MODEL": str(tiny), "OUT": str(out), "TOOLSELF": "true",
-                                      "VLLM": str(vllm), "VLLM_PORT": str(free_port())})
-    script = subprocess.Popen(["bash", str(ROOT / "scripts" / "cat-qwen3.sh")], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True, env=environment)
-    deadline = time.monotonic() + 60
-    while not started.is_file():
-        assert script.poll() is None and time.monotonic() < deadline, script.communicate()
-        time.sleep(0.05)
+    script = recipe_started_until(started, {"CAT_MINIATURE": "1", "MODEL": str(tiny), "OUT": str(out),
+                                            "TOOLSELF": "true", "VLLM": str(vllm), "VLLM_PORT": str(free_port())})
     server = int((out / "vllm-rft.pid").read_text())
     signalled = time.monotonic()
     script.send_signal(signal.SIGTERM)
