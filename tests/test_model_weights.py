@@ -124,6 +124,7 @@ def test_a_model_larger_than_the_gpus_free_memory_is_refused_before_it_is_read(t
 
     needed = weights_bytes(tiny, torch.bfloat16)
     monkeypatch.setattr("toolself.models.weights.default_device", lambda: "cuda")
+    monkeypatch.setattr("toolself.models.weights.gpu_has_bfloat16", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (needed - 1, 24 << 30))
     with pytest.raises(ModelError, match=r"for its weights in bfloat16, .*CUDA_VISIBLE_DEVICES="):
         load_weights(str(tiny))  # on a CUDA-less torch, reading onto the GPU would fail otherwise

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -461,13 +462,37 @@ def test_a_carved_frames_split_is_seeded_disjoint_and_keeps_each_questions_id(tm
     assert all(t.question == f"Question {t.id.split('-')[1]}?" for t in train_tasks)
 
 
-def test_local_models_are_placed_on_the_gpu_in_bfloat16_when_there_is_one(monkeypatch):
-    from toolself.models import weights
-
+def a_gpu_of(monkeypatch, capability: tuple[int, int]) -> None:
+    """Has torch answer as it does on a CUDA GPU of this compute capability, where
+    `is_bf16_supported()` says yes even before Ampere (it counts emulation)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert (weights.default_device(), weights.default_dtype()) == ("cuda", "bfloat16")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert weights.default_device() == "cpu"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: (
+        including_emulation or capability >= (8, 0)))
+
+
+def dtypes_chosen() -> tuple[str, str, Any, bool]:
+    """(device and dtype of local models, dtype of a merge, bf16 of a training run)."""
+    from toolself.models import weights
+    from toolself.train import merge
+    from toolself.train.lora import accelerator_defaults
+
+    config = SimpleNamespace(fp16=None, bf16=None, ddp_find_unused_parameters=None, gradient_checkpointing=True,
+                             per_device_train_batch_size=2)
+    accelerator_defaults(config)
+    return weights.default_device(), weights.default_dtype(), merge.default_dtype(), config.bf16
+
+
+@pytest.mark.parametrize("capability", [(8, 0), (9, 0)])  # A100, H100
+def test_a_gpu_of_the_ampere_generation_or_later_runs_local_models_and_trains_in_bfloat16(monkeypatch, capability):
+    a_gpu_of(monkeypatch, capability)
+    assert dtypes_chosen() == ("cuda", "bfloat16", torch.bfloat16, True)
+
+
+@pytest.mark.parametrize("capability", [(7, 0), (7, 5)])  # V100, T4
+def test_a_gpu_that_emulates_bfloat16_runs_local_models_and_trains_in_float32(monkeypatch, capability):
+    a_gpu_of(monkeypatch, capability)
+    assert dtypes_chosen() == ("cuda", "float32", torch.float32, False)
 
 
 def test_the_mixed_dtype_is_refused_on_a_gpu_with_the_dtypes_that_run_there(monkeypatch):

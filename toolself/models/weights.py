@@ -289,9 +289,32 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+# Ampere: the first NVIDIA GPUs whose tensor cores multiply in bfloat16.
+BFLOAT16_CAPABILITY = (8, 0)
+
+
+def native_bfloat16(capability: tuple[int, int], rocm: bool = False) -> bool:
+    """Whether a GPU of this compute capability multiplies in bfloat16 itself. Older NVIDIA GPUs
+    (T4, V100) emulate it: the products run in float32 without the tensor cores and round to
+    bfloat16's 8-bit mantissa, float32's speed at best with bfloat16's error, and flash-attention
+    and vLLM refuse it there. torch's `is_bf16_supported()` says yes to them unless told not to
+    count emulation. Every GPU ROCm builds for has bfloat16 units."""
+    return rocm or tuple(capability) >= BFLOAT16_CAPABILITY
+
+
+def gpu_has_bfloat16() -> bool:
+    """Whether there is a CUDA (or ROCm) GPU and it multiplies in bfloat16 (`native_bfloat16`)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    return native_bfloat16(torch.cuda.get_device_capability(), rocm=torch.version.hip is not None)
+
+
 def default_dtype() -> str:
     """What dtype "auto" means: "mixed" where torch has fbgemm's float16 product (x86), else
-    bfloat16 where oneDNN has bf16 kernels for this CPU, else float32.
+    bfloat16 where oneDNN has bf16 kernels for this CPU, else float32. On a GPU: bfloat16 where
+    it multiplies in it (`native_bfloat16`), else float32.
 
     "mixed" decodes with float16 weights and float32 arithmetic and prefills in bfloat16: the
     fastest of the three for one episode, and a greedy reply computed on a reused KV cache or
@@ -302,8 +325,8 @@ def default_dtype() -> str:
     whatever the dtype of inference. Why: docs/notes/2026-12-03-mixed-dtype.md."""
     from toolself.models import half_linear
 
-    if default_device() == "cuda":
-        return "bfloat16"  # "mixed" is a CPU scheme (fbgemm's float16 product)
+    if default_device() == "cuda":  # "mixed" is a CPU scheme (fbgemm's float16 product)
+        return "bfloat16" if gpu_has_bfloat16() else "float32"
     if half_linear.available():
         return "mixed"
     return "bfloat16" if half_linear.has_bfloat16_kernels() else "float32"

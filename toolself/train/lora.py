@@ -109,8 +109,9 @@ def refuse_fp16_without_gpu(fp16: bool | None) -> None:
 
 
 def accelerator_defaults(config: Any) -> None:
-    """bf16 mixed precision where the hardware computes in it: a GPU that supports it, or a CPU
-    with AVX512-BF16 / AMX (2x the fp32 throughput of the 135M model's training there); fp32
+    """bf16 mixed precision where the hardware computes in it: an Ampere or later GPU (an older
+    one emulates it: `weights.native_bfloat16`; fp16 is the fast choice there, on request), or a
+    CPU with AVX512-BF16 / AMX (2x the fp32 throughput of the 135M model's training there); fp32
     elsewhere. Without a GPU, training is on the CPU (`use_cpu`), and fp16 is refused. Gradient
     checkpointing stays on (TRL's default) except for single-sequence micro-batches on a CPU:
     there a padded batch's attention takes the math path and keeps a (heads x length x length)
@@ -120,12 +121,13 @@ def accelerator_defaults(config: Any) -> None:
     import torch
 
     from toolself.models.half_linear import has_bfloat16_kernels
+    from toolself.models.weights import gpu_has_bfloat16
 
     gpu = torch.cuda.is_available()
     refuse_fp16_without_gpu(config.fp16)
     if config.bf16 is None:
         if gpu:
-            config.bf16 = torch.cuda.is_bf16_supported() and not config.fp16
+            config.bf16 = gpu_has_bfloat16() and not config.fp16
         else:
             config.bf16 = has_bfloat16_kernels() and not config.fp16
     if not gpu:

@@ -23,11 +23,14 @@ def adapter_base(adapter_dir: str | Path) -> Path:
 
 
 def default_dtype():
-    """bfloat16 on a GPU that has it, float32 elsewhere. Never "auto": transformers may then
-    pick a 16-bit type for a float32 checkpoint, and a merge would round the base's weights."""
+    """bfloat16 on a GPU that multiplies in it (not one that emulates it), float32 elsewhere.
+    Never "auto": transformers may then pick a 16-bit type for a float32 checkpoint, and a merge
+    would round the base's weights."""
     import torch
 
-    return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
+    from toolself.models.weights import gpu_has_bfloat16
+
+    return torch.bfloat16 if gpu_has_bfloat16() else torch.float32
 
 
 def merged_model(adapter_dir: str | Path, dtype: Any = None):
