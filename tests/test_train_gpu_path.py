@@ -165,6 +165,21 @@ def test_a_resumed_run_keeps_the_micro_batch_it_was_checkpointed_with_whatever_m
             K.choose_kernels(args, shape, longest=128, padding_free=None).batch_size) == (2, 2)  # 3 cannot keep 8
 
 
+def test_a_float32_run_on_a_gpu_takes_half_the_micro_batch_a_bfloat16_run_fits_in_the_same_free_memory(monkeypatch):
+    from toolself.models import memory
+
+    a_gpu_of(monkeypatch, (7, 5))
+    monkeypatch.setattr(memory, "gpu_memory", lambda device: (16 * 2**30, 24 * 2**30))
+    shape = SimpleNamespace(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28)
+    batches = {}
+    for half in (True, False):
+        args = SimpleNamespace(attn_implementation=None, bf16=half, fp16=False, use_liger_kernel=None, use_cpu=False,
+                               device="cuda:0", auto_batch_size=True, gradient_checkpointing=True,
+                               per_device_train_batch_size=4, gradient_accumulation_steps=8)
+        batches[half] = K.choose_kernels(args, shape, longest=8192, padding_free=None).batch_size
+    assert batches == {True: 8, False: 4}
+
+
 def test_checkpointing_needs_far_less_activation_memory_per_token():
     shape = SimpleNamespace(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36)
     assert K.activation_bytes_per_token(shape, True) * 10 < K.activation_bytes_per_token(shape, False)

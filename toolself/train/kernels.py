@@ -141,7 +141,8 @@ def choose_length_grouping(requested: bool | None, padding_free: bool, batch: in
 
 
 def activation_bytes_per_token(config: Any, checkpointing: bool, dtype_bytes: int = 2) -> int:
-    """An upper estimate of the activation memory one trained token needs at the step's peak.
+    """An upper estimate of the activation memory one trained token needs at the step's peak,
+    in values of `dtype_bytes` (2 under bf16/fp16 autocast, 4 in fp32).
 
     With checkpointing, each layer keeps its input (h) and one layer at a time holds its whole
     activations during recomputation; without it every layer holds them. A layer's activations
@@ -210,9 +211,9 @@ def choose_kernels(args: Any, model_config: Any, longest: int, padding_free: boo
         batch, steps = resumed_batch, effective // resumed_batch
         why_batch = f"as the run being resumed had it: {batch} x {steps}"
     else:
+        per_token = activation_bytes_per_token(model_config, checkpointing, 2 if half else 4)
         batch, steps, why_batch = choose_batch(args.per_device_train_batch_size, args.gradient_accumulation_steps,
-                                               longest, free, activation_bytes_per_token(model_config, checkpointing),
-                                               minimum=min_batch, gpus=process_count())
+                                               longest, free, per_token, minimum=min_batch, gpus=process_count())
     strategy = "random" if orders_its_data else getattr(args, "train_sampling_strategy", "random")
     grouped, why_grouped = choose_length_grouping(length_grouped, packed, batch, strategy)
     return KernelChoice(attention, packed, liger, batch, steps, grouped,
