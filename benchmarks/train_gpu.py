@@ -199,7 +199,7 @@ def decoding(model_dir: Path, max_tokens: int) -> dict[str, Any]:
     from toolself.models.base import Message
     from toolself.models.local import EmbeddedModel, Sampling
 
-    model = EmbeddedModel.load(str(model_dir), dtype="float32" if not _cuda() else "bfloat16",
+    model = EmbeddedModel.load(str(model_dir), dtype="float32" if not _cuda() else "auto",
                                max_tokens=max_tokens, max_batch=8)
     out: dict[str, Any] = {}
     ids = {}

@@ -295,10 +295,11 @@ BFLOAT16_CAPABILITY = (8, 0)
 
 def native_bfloat16(capability: tuple[int, int], rocm: bool = False) -> bool:
     """Whether a GPU of this compute capability multiplies in bfloat16 itself. Older NVIDIA GPUs
-    (T4, V100) emulate it: the products run in float32 without the tensor cores and round to
-    bfloat16's 8-bit mantissa, float32's speed at best with bfloat16's error, and flash-attention
-    and vLLM refuse it there. torch's `is_bf16_supported()` says yes to them unless told not to
-    count emulation. Every GPU ROCm builds for has bfloat16 units."""
+    (T4, V100) emulate it: products without the tensor cores, at float32's speed at best with
+    bfloat16's rounding; torch's memory-efficient attention has no bfloat16 kernel for them
+    (users report `cutlassF: no kernel found to launch!`), and flash-attention and vLLM refuse
+    it. torch's `is_bf16_supported()` says yes to them unless told not to count emulation.
+    Every GPU ROCm builds for has bfloat16 units."""
     return rocm or tuple(capability) >= BFLOAT16_CAPABILITY
 
 
