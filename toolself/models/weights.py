@@ -34,8 +34,9 @@ DEFAULT_NAME = "smollm2-135m-instruct"
 # Threads that convert a model's layers for the mixed dtype: each holds one more layer in both
 # precisions while it works (`half_linear.use_half_linears`).
 LOADING_THREADS = 8
-DTYPE_HELP = ("Embedded / local models: auto (mixed on x86 CPUs), float32 (exactly reproducible), bfloat16, or "
-              "mixed (float16 weights for decoding, bfloat16 prefill: ~1.8x float32's speed).")
+DTYPE_HELP = ("Embedded / local models: auto (mixed on x86 CPUs; on a GPU bfloat16, or float32 before Ampere), "
+              "float32 (exactly reproducible), bfloat16, or mixed (CPU only: float16 weights for decoding, bfloat16 "
+              "prefill: ~1.8x float32's speed).")
 
 
 class MissingWeightsError(ModelError):
