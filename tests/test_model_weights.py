@@ -130,6 +130,8 @@ def test_a_model_larger_than_the_gpus_free_memory_is_refused_before_it_is_read(t
         load_weights(str(tiny))  # on a CUDA-less torch, reading onto the GPU would fail otherwise
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (needed, 24 << 30))
     require_gpu_room(tiny, torch.bfloat16, "cuda")
+    with pytest.raises(ModelError, match=r"in float32 \(--dtype bfloat16 takes half"):
+        require_gpu_room(tiny, torch.float32, "cuda")  # a GPU older than Ampere loads float32 by default
 
 
 def test_reading_and_merging_an_adapter_warn_of_nothing_only_the_libraries_could_fix(tiny, tmp_path):

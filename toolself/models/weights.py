@@ -201,12 +201,12 @@ def require_gpu_room(directory: Path, dtype: Any, device: str) -> None:
     needed = weights_bytes(directory, dtype)
     free, total = gpu_memory(device)
     if needed is not None and needed > free:
-        gib = 2**30
-        raise ModelError(f"{directory.name} needs {needed / gib:.1f} GiB of GPU memory for its weights in "
-                         f"{str(dtype).removeprefix('torch.')}, and {free / gib:.1f} of the GPU's {total / gib:.1f} "
-                         "GiB are free: free the GPU (another process may hold it), use a larger GPU or serve the "
-                         "model on several with vLLM (--tensor-parallel-size), or run it on the CPU "
-                         "(CUDA_VISIBLE_DEVICES=)")
+        gib, name = 2**30, str(dtype).removeprefix("torch.")
+        halve = " (--dtype bfloat16 takes half, emulated on a GPU older than Ampere)" if name == "float32" else ""
+        raise ModelError(f"{directory.name} needs {needed / gib:.1f} GiB of GPU memory for its weights in {name}"
+                         f"{halve}, and {free / gib:.1f} of the GPU's {total / gib:.1f} GiB are free: free the GPU "
+                         "(another process may hold it), use a larger GPU or serve the model on several with vLLM "
+                         "(--tensor-parallel-size), or run it on the CPU (CUDA_VISIBLE_DEVICES=)")
 
 
 def _read_model(directory: Path, dtype, device: str):
