@@ -39,8 +39,8 @@ class CATKTOConfig(KTOOptions, _TRLKTOConfig, KernelArguments):
     report_to: Any = field(default="none", metadata={"help": "Experiment trackers (the JSONL log is always written)."})
     bf16: bool | None = field(
         default=None,
-        metadata={"help": "bfloat16 mixed precision. Default: on where the GPU or CPU computes in it (AVX512-BF16 / "
-                          "AMX)."})
+        metadata={"help": "bfloat16 mixed precision. Default: on where the GPU (Ampere or later) or CPU (AVX512-BF16 "
+                          "/ AMX) computes in it."})
     seed: int = field(default=0, metadata={"help": "Random seed."})
     use_liger_kernel: bool | None = field(
         default=None,

@@ -37,8 +37,8 @@ class RFTConfig(RFTOptions, SFTConfig, KernelArguments):
     report_to: Any = field(default="none", metadata={"help": "Experiment trackers (the JSONL log is always written)."})
     bf16: bool | None = field(
         default=None,
-        metadata={"help": "bfloat16 mixed precision. Default: on where the GPU or CPU computes in it (AVX512-BF16 / "
-                          "AMX)."},
+        metadata={"help": "bfloat16 mixed precision. Default: on where the GPU (Ampere or later) or CPU (AVX512-BF16 "
+                          "/ AMX) computes in it."},
     )
     dataset_kwargs: dict[str, Any] | str | None = field(
         default_factory=lambda: {"skip_prepare_dataset": True},
