@@ -8,6 +8,7 @@ and the killed run is a process of its own, killed with SIGKILL in the middle of
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -204,6 +205,75 @@ def test_runs_that_ask_for_step_or_epoch_checkpoints_keep_them_and_get_no_clock(
     train_rft(tiny_sft[0], tiny, tmp_path, config)
     # the run's own checkpoints stay, and the clock (due at every step here) added none at steps 1 and 3
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+
+
+def test_a_run_whose_steps_and_checkpoints_outlast_the_stop_grace_warns_once_with_how_to_get_more(
+        tmp_path, tiny, tiny_sft, caplog):
+    from toolself.train.rft import train_rft
+    from toolself.train.rft_config import RFTConfig
+
+    assert RFTConfig(output_dir="unused").stop_grace_seconds is None  # chosen from where the run runs
+    config = RFTConfig(**{**settings(tmp_path), "max_steps": 4, "stop_grace_seconds": 1e-6})
+    with caplog.at_level(logging.WARNING, logger=C.__name__):
+        train_rft(tiny_sft[0], tiny, tmp_path, config)
+    warnings = [r.getMessage() for r in caplog.records if r.name == C.__name__]
+    assert len(warnings) == 1, warnings
+    assert "saving a checkpoint" in warnings[0] and "longer than the 1e-06 s" in warnings[0]
+    assert "--stop-grace" in warnings[0] and "timed checkpoint (one every 1e-09 minutes)" in warnings[0]
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_steps(callback: C.CheckpointWhenAskedToStop, clock: Clock, steps: list[float], save_after: dict[int, float]):
+    """Drive `callback` as the trainer does through steps of the given seconds, each listed step
+    followed by a checkpoint of the given seconds."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl, TrainerState
+
+    args, state, control = SimpleNamespace(device="cpu"), TrainerState(), TrainerControl()
+    callback.on_train_begin(args, state, control)
+    for number, seconds in enumerate(steps, 1):
+        clock.now += seconds
+        state.global_step = number
+        callback.on_step_end(args, state, control)
+        if number in save_after:
+            clock.now += save_after[number]
+            callback.on_save(args, state, control)
+
+
+@pytest.mark.parametrize("steps, saves, warned", [
+    ([100, 20, 20], {}, None),  # the first step warms up; 20 s fits in 30
+    ([1, 20, 20], {3: 15}, "a training step takes up to 20.0 s and saving a checkpoint 15.0 s"),
+    ([1, 5, 31], {}, "a training step takes up to 31.0 s,"),
+    ([1, 5, 5], {1: 24}, None),  # a step (the save not counted in it) and the save fit in the grace
+])
+def test_the_stop_grace_warning_counts_the_longest_step_but_the_first_and_the_last_checkpoint(
+        caplog, steps, saves, warned):
+    clock = Clock()
+    with caplog.at_level(logging.WARNING, logger=C.__name__):
+        run_steps(C.CheckpointWhenAskedToStop(C.StopRequest(), 30.0, clock=clock), clock, steps, saves)
+    warnings = [r.getMessage() for r in caplog.records if r.name == C.__name__]
+    assert warnings == [] if warned is None else (len(warnings) == 1 and warnings[0].startswith(warned)), warnings
+
+
+@pytest.mark.parametrize("environ", [{"SLURM_JOB_ID": "7"}, {"KUBERNETES_SERVICE_HOST": "10.0.0.1"},
+                                     {"TORCHELASTIC_RUN_ID": "none", "RANK": "0"}])
+def test_the_stop_grace_is_30_s_under_a_scheduler_or_launcher_unless_asked_otherwise(environ):
+    assert C.stop_grace(None, environ) == 30
+    assert C.stop_grace(120.0, environ) == 120 and C.stop_grace(0.0, environ) == 0
+
+
+def test_a_run_in_a_terminal_gets_no_stop_grace_warning_unless_it_asks_for_one():
+    assert C.stop_grace(None, {"HOME": "/home/me"}) == 0 and C.stop_grace(30.0, {}) == 30
+    assert C.slower_than_grace(3600.0, 600.0, 0.0) is None
+    assert C.slower_than_grace(3600.0, 600.0, 30.0).startswith("a training step takes up to 3600.0 s")
 
 
 AGREEMENT = textwrap.dedent("""

@@ -93,8 +93,8 @@ def test_where_a_run_writes_logs_and_saves_is_not_part_of_what_it_trains(tiny_sf
     from toolself.train.rft_config import RFTConfig
 
     one = RFTConfig(**settings(Path("a")))
-    other = RFTConfig(**settings(Path("b"), checkpoint_minutes=5, logging_steps=10, save_strategy="steps",
-                                 dataloader_num_workers=2, report_to="tensorboard"))
+    other = RFTConfig(**settings(Path("b"), checkpoint_minutes=5, stop_grace_seconds=120, logging_steps=10,
+                                 save_strategy="steps", dataloader_num_workers=2, report_to="tensorboard"))
     dataset = tiny_sft[0]
     assert R.run_definition(one, "m", dataset, ["input_ids"]) == R.run_definition(other, "m", dataset, ["input_ids"])
 

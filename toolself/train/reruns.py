@@ -45,7 +45,7 @@ NOT_TRAINING_FIELDS = frozenset({
     "do_predict", "per_device_eval_batch_size", "prediction_loss_only", "batch_eval_metrics", "include_for_metrics",
     "include_num_input_tokens_seen", "restore_callback_states_from_checkpoint", "debug", "bf16_full_eval",
     "fp16_full_eval", "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
-    "dataloader_prefetch_factor", "dataloader_multiprocessing_context", "auto_batch_size",
+    "dataloader_prefetch_factor", "dataloader_multiprocessing_context", "auto_batch_size", "stop_grace_seconds",
 })
 NOT_TRAINING_PREFIXES = ("save_", "logging_", "log_", "eval_", "hub_", "trackio_")
 # Fields that say how a run computes on its device; most are chosen from the hardware when left

@@ -119,8 +119,8 @@ def run_trainer(trainer, counter, out_dir: Path, log_path: Path, examples: int, 
 
     from toolself.interrupts import StoppedEarly
     from toolself.train.checkpoints import (CheckpointWhenAskedToStop, TimedCheckpoints, asked_to_stop, launch_layout,
-                                            remove_checkpoints, resumed_step, signals_the_launcher_drops, trim_log,
-                                            unreadable_optimizer_state, unrestorable_resume)
+                                            remove_checkpoints, resumed_step, signals_the_launcher_drops, stop_grace,
+                                            trim_log, unreadable_optimizer_state, unrestorable_resume)
     from toolself.train.compact_head import use_compact_head
     from toolself.train.compiled_layers import compile_decoder_layers, should_compile
     from toolself.train.frozen_layers import cache_frozen_layers
@@ -157,7 +157,8 @@ def run_trainer(trainer, counter, out_dir: Path, log_path: Path, examples: int, 
         logger.warning(dropped)
     started = time.perf_counter()
     with asked_to_stop() as stop:
-        trainer.add_callback(CheckpointWhenAskedToStop(stop))
+        grace = stop_grace(getattr(args, "stop_grace_seconds", None), os.environ)
+        trainer.add_callback(CheckpointWhenAskedToStop(stop, grace, args.checkpoint_minutes if timed else 0))
         output = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     seconds = time.perf_counter() - started
     if stop.step is not None:

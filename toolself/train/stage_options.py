@@ -42,6 +42,13 @@ def _checkpoint_minutes() -> Any:
                    "rerunning the command resumes from it, so a crash costs at most N minutes. 0: none.", 0)
 
 
+def _stop_grace() -> Any:
+    return _option(None, "--stop-grace", "Seconds the scheduler waits between the SIGTERM that stops this job and "
+                   "killing it. A run whose step and checkpoint take longer warns once: it would be killed before "
+                   "its checkpoint. Default: 30 under Slurm, Kubernetes or torchrun (their defaults: KillWait, the "
+                   "pod's grace period, TORCH_ELASTIC_SHUTDOWN_TIMEOUT), no warning elsewhere. 0: no warning.", 0)
+
+
 _LORA = LoraArguments.__dataclass_fields__
 
 
@@ -65,6 +72,7 @@ class RFTOptions(LoraArguments):
     compile_layers: bool | None = _option(None, "--compile-layers/--eager-layers",
                                           _LORA["compile_layers"].metadata["help"])
     checkpoint_minutes: float = _checkpoint_minutes()
+    stop_grace_seconds: float | None = _stop_grace()
 
 
 @dataclass
@@ -93,6 +101,7 @@ class KTOOptions(LoraArguments):
                           "roundings then differ, so a fresh adapter starts with a log-ratio that is not zero; and "
                           "a KTO run of a few minutes spends what compiling saves on compiling its variants."})
     checkpoint_minutes: float = _checkpoint_minutes()
+    stop_grace_seconds: float | None = _stop_grace()
 
 
 def stage_options(options: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -129,4 +138,4 @@ def stage_options(options: type) -> Callable[[Callable[..., Any]], Callable[...,
     return decorate
 
 
-_TYPES: dict[str, type] = {"float": float, "int": int, "bool": bool, "bool | None": bool}
+_TYPES: dict[str, type] = {"float": float, "float | None": float, "int": int, "bool": bool, "bool | None": bool}
