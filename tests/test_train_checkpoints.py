@@ -24,6 +24,7 @@ pytest.importorskip("torch")
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
+from launchers import torchrun  # noqa: E402
 from ports import free_port  # noqa: E402
 from toolself.train import checkpoints as C  # noqa: E402
 
@@ -314,9 +315,8 @@ def rft_in_processes(tmp_path: Path, tiny: Path, attempts: Path, out: Path, proc
     under torchrun in `processes` processes, or without a launcher in one."""
     script = tmp_path / "launched.py"
     script.write_text(LAUNCHED)
-    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)] if processes > 1 \
-        else []
-    return [sys.executable, *launcher, str(script),
+    launcher = torchrun(processes, tmp_path / "torchrun") if processes > 1 else [sys.executable]
+    return [*launcher, str(script),
             "train", "rft", "--trajectories", str(attempts), "--student", str(tiny), "--out", str(out),
             "--max-length", "256", "--max-steps", str(STEPS), "--batch-size", "1", "--grad-accum", "2",
             "--eager-layers", "--checkpoint-minutes", checkpoint_minutes]

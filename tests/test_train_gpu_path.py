@@ -24,6 +24,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
+from launchers import torchrun  # noqa: E402
 from ports import free_port  # noqa: E402
 from vllm_standin import standin_executable  # noqa: E402
 from toolself.train import kernels as K  # noqa: E402
@@ -354,7 +355,7 @@ def test_the_recipe_trains_under_a_launcher_and_serves_with_vllm_one_server_at_a
     server ran."""
     out, ledger = tmp_path / "run", tmp_path / "ledger.jsonl"
     vllm = standin_executable(tmp_path)
-    launch = f"{sys.executable} -m torch.distributed.run --standalone --nproc_per_node 2"
+    launch = " ".join(torchrun(2, tmp_path / "torchrun"))
     done = run_recipe({"CAT_MINIATURE": "1", "MODEL": str(tiny), "OUT": str(out), "VLLM": str(vllm),
                        "VLLM_PORT": str(free_port()), "STANDIN_LEDGER": str(ledger), "LAUNCH": launch}, timeout=600)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])

@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("trl")
 
+from launchers import torchrun  # noqa: E402
 from ports import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,9 +38,8 @@ WORLD = textwrap.dedent("""
 def test_two_processes_under_torchrun_form_one_group_of_two(tmp_path, precision):
     script = tmp_path / "world.py"
     script.write_text(WORLD)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script), precision, str(tmp_path)], capture_output=True, text=True, timeout=300,
-                          cwd=ROOT)
+    done = subprocess.run([*torchrun(2, tmp_path / "torchrun"), str(script), precision, str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
     assert seen == {f"{rank}.json": {"rft": [rank, 2], "kto": [rank, 2]} for rank in (0, 1)}
@@ -88,8 +88,8 @@ def test_two_processes_train_and_count_what_one_process_does_with_the_same_effec
     train_rft(tiny_sft[0], tiny, tmp_path / "one", RFTConfig(**rft_settings(tmp_path / "one", 4)))
     script, two = tmp_path / "rft.py", tmp_path / "two"
     script.write_text(RFT_RUN)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script), str(tiny_sft[1]), str(tiny), str(two), json.dumps(rft_settings(two, 2))],
+    done = subprocess.run([*torchrun(2, tmp_path / "torchrun"), str(script), str(tiny_sft[1]), str(tiny), str(two),
+                           json.dumps(rft_settings(two, 2))],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     one, two = logged_steps(tmp_path / "one"), logged_steps(tmp_path / "two")
@@ -153,8 +153,8 @@ def test_kto_in_two_processes_uses_every_adapter_weight_and_reads_each_epoch_in_
     settings = dict(output_dir=str(out / "checkpoints"), max_steps=8, num_train_epochs=100,
                     per_device_train_batch_size=2, gradient_accumulation_steps=1, warmup_steps=0, bf16=False,
                     disable_tqdm=True, lora_layers=2, max_length=256)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script), str(tmp_path / "data"), str(tiny), str(out), json.dumps(settings)],
+    done = subprocess.run([*torchrun(2, tmp_path / "torchrun"), str(script), str(tmp_path / "data"), str(tiny),
+                           str(out), json.dumps(settings)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((out / "train_result.json").read_text())["steps"] == 8
@@ -261,8 +261,7 @@ def test_the_frozen_layer_cache_under_fsdp2_keeps_the_losses_while_one_process_h
     batch cached still joins the others' gathers instead of leaving them waiting."""
     script = tmp_path / "sharded.py"
     script.write_text(SHARDED)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script), str(tiny), str(tmp_path)],
+    done = subprocess.run([*torchrun(2, tmp_path / "torchrun"), str(script), str(tiny), str(tmp_path)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
