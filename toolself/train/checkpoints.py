@@ -179,10 +179,9 @@ def slower_than_grace(step_seconds: float, saving_seconds: float, grace_seconds:
     return (f"{took}, longer than the {grace_seconds:g} s a scheduler waits after SIGTERM before killing a job "
             f"(30 s unless set: Slurm's KillWait, a Kubernetes pod's grace period, torchrun's shutdown timeout): "
             f"preempted, this run would be killed before the checkpoint it was asked for and go back to {back}. "
-            f"Give the job more time to stop "
-            f"(Slurm: GraceTime, KillWait, or --signal=USR1@N ahead of a time limit; Kubernetes: "
-            f"terminationGracePeriodSeconds; under torchrun, TORCH_ELASTIC_SHUTDOWN_TIMEOUT too) and say so with "
-            f"--stop-grace (stop_grace_seconds), or take shorter steps (--grad-accum)")
+            "Give the job more time to stop (Slurm: GraceTime, KillWait, or --signal=USR1@N ahead of a time limit; "
+            "Kubernetes: terminationGracePeriodSeconds; under torchrun, TORCH_ELASTIC_SHUTDOWN_TIMEOUT too) and say "
+            "so with --stop-grace (stop_grace_seconds), or take shorter steps (--grad-accum)")
 
 
 def checkpoint_step(folder: Path) -> int | None:
